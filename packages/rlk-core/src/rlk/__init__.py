@@ -1,0 +1,31 @@
+"""rlk: fused operators for RL post-training of language models.
+
+Importing rlk loads no plugin: backends are discovered at the first op call or the
+first introspection call (`rlk.backends()`, `rlk.explain()`).
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from rlk.config import check_inputs
+from rlk.dispatch import use_backends
+from rlk.errors import BackendUnavailableError, PluginError
+from rlk.introspect import BackendInfo, backends, explain
+from rlk.ops.logp import logp, logp_entropy
+from rlk.plugins import PLUGIN_API_VERSION, hookimpl
+
+__all__ = [
+    "PLUGIN_API_VERSION",
+    "BackendInfo",
+    "BackendUnavailableError",
+    "PluginError",
+    "__version__",
+    "backends",
+    "check_inputs",
+    "explain",
+    "hookimpl",
+    "logp",
+    "logp_entropy",
+    "use_backends",
+]

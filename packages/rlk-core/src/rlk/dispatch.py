@@ -1,0 +1,225 @@
+"""Choosing a backend's kernel for each call.
+
+The decision depends only on (op, device, main dtype, the op's flags, the user's
+policy), so it is made once per such key and cached: the steady-state cost of a
+call is one dict lookup. Every rejected candidate keeps its reason, for
+`rlk.explain`, `rlk-core doctor` and `BackendUnavailableError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rlk.config import env_flag, env_names
+from rlk.errors import BackendUnavailableError
+from rlk.plugins import PluginLoader
+from rlk.registry import Kernel, Registry
+
+log = logging.getLogger("rlk")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The user's wishes: preference order, strictness, required kernel properties."""
+
+    order: tuple[str, ...] = ()
+    strict: bool = False
+    require: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The outcome of selection for one call: the kernel chosen and every rejection."""
+
+    op: str
+    device: str
+    backend: str | None
+    kernel: Kernel | None
+    rejected: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def kernel_name(self) -> str | None:
+        return None if self.kernel is None else self.kernel.target
+
+
+class Dispatcher:
+    """Registry, plugin loader and selection cache, created lazily on first use."""
+
+    def __init__(self, known_ops: Iterable[str]):
+        self.registry = Registry(known_ops)
+        self.loader = PluginLoader(self.registry)
+        self.env_policy = Policy(
+            order=env_names("RLK_BACKENDS"), strict=env_flag("RLK_STRICT")
+        )
+        self._cache: dict[tuple[Any, ...], Kernel] = {}
+        self._warned: set[tuple[str, str, str]] = set()
+        self._lock = threading.Lock()
+
+    def kernel_for(self, op: str, device: torch.device, dtype: torch.dtype,
+                   flags: tuple[Any, ...], args: Mapping[str, Any]) -> Kernel:
+        """The kernel to run; raises BackendUnavailableError when none may run."""
+        policy = current_policy(self)
+        key = (op, device.type, device.index, dtype, flags, policy)
+        kernel = self._cache.get(key)
+        if kernel is not None:
+            return kernel
+        selection = self.decide(op, device, dtype, args, policy)
+        if selection.kernel is None:
+            detail = " (strict mode)" if policy.strict else ""
+            raise BackendUnavailableError(op, str(device), selection.rejected, detail)
+        self._log_fallback(selection)
+        with self._lock:
+            self._cache[key] = selection.kernel
+        return selection.kernel
+
+    def decide(self, op: str, device: torch.device, dtype: torch.dtype,
+               args: Mapping[str, Any], policy: Policy) -> Selection:
+        """Rank the candidates for one call and take the first that accepts it."""
+        self.loader.ensure_loaded()
+        rejected: dict[str, str] = {}
+        chosen: Kernel | None = None
+        for kernel in self._ranked(op, policy):
+            reason = self._reject_reason(kernel, device, dtype, args, policy)
+            if reason is None and chosen is None:
+                chosen = kernel
+                continue
+            if reason is not None:
+                rejected[kernel.backend] = reason
+        serving = {k.backend for k in self.registry.kernels[op]}
+        for name in self.registry.backends:
+            if name not in serving:
+                rejected[name] = f"registers no '{op}' kernel"
+        for name in policy.order:
+            if name not in self.registry.backends:
+                rejected[name] = "not installed (no plugin registered this backend)"
+        backend = None if chosen is None else chosen.backend
+        return Selection(op, str(device), backend, chosen, rejected)
+
+    def _ranked(self, op: str, policy: Policy) -> list[Kernel]:
+        backends = self.registry.backends
+
+        def rank(kernel: Kernel) -> tuple[int, int]:
+            pos = policy.order.index(kernel.backend) if kernel.backend in policy.order else None
+            return (len(policy.order) if pos is None else pos, -backends[kernel.backend].priority)
+
+        return sorted(self.registry.kernels[op], key=rank)
+
+    def _reject_reason(self, kernel: Kernel, device: torch.device, dtype: torch.dtype,
+                       args: Mapping[str, Any], policy: Policy) -> str | None:
+        if policy.strict and not self._strict_allows(kernel, policy):
+            return "strict mode allows only " + (
+                ", ".join(policy.order) if policy.order else "the highest-priority backend"
+            )
+        if device.type not in kernel.devices:
+            return f"serves {'/'.join(kernel.devices)} devices, not {device.type}"
+        if kernel.dtypes is not None and dtype not in kernel.dtypes:
+            takes = ", ".join(str(d).replace("torch.", "") for d in kernel.dtypes)
+            return f"does not take {str(dtype).replace('torch.', '')} (takes {takes})"
+        missing = policy.require - kernel.properties
+        if missing:
+            return "lacks required propert" + ("y " if len(missing) == 1 else "ies ") + ", ".join(
+                sorted(missing)
+            )
+        verdict = self.registry.backends[kernel.backend].probe_device(device)
+        if verdict is not None:
+            return verdict
+        broken = kernel.importable()
+        if broken is not None:
+            return broken
+        if kernel.check is not None:
+            try:
+                return kernel.check(**args)
+            except Exception as exc:
+                return f"check raised {type(exc).__name__}: {exc}"
+        return None
+
+    def _strict_allows(self, kernel: Kernel, policy: Policy) -> bool:
+        if policy.order:
+            return kernel.backend in policy.order
+        top = max(self.registry.kernels[kernel.op],
+                  key=lambda k: self.registry.backends[k.backend].priority)
+        return kernel is top
+
+    def _log_fallback(self, selection: Selection) -> None:
+        """Log once per (op, backend, reason) when a better-ranked backend was passed over.
+
+        A backend whose kernel does not serve the device type at all is no fallback.
+        """
+        assert selection.kernel is not None
+        device_type = torch.device(selection.device).type
+        chosen_priority = self.registry.backends[selection.kernel.backend].priority
+        for kernel in self.registry.kernels[selection.op]:
+            reason = selection.rejected.get(kernel.backend)
+            if reason is None or device_type not in kernel.devices:
+                continue
+            if self.registry.backends[kernel.backend].priority <= chosen_priority:
+                continue
+            key = (selection.op, kernel.backend, reason)
+            if key not in self._warned:
+                self._warned.add(key)
+                log.warning("rlk: '%s' falls back from backend '%s' to '%s': %s",
+                            selection.op, kernel.backend, selection.backend, reason)
+
+
+_policy: contextvars.ContextVar[Policy | None] = contextvars.ContextVar("rlk_policy", default=None)
+
+
+def current_policy(dispatcher: Dispatcher) -> Policy:
+    scoped = _policy.get()
+    return dispatcher.env_policy if scoped is None else scoped
+
+
+@contextlib.contextmanager
+def use_backends(*names: str, strict: bool | None = None,
+                 require: Iterable[str] = ()) -> Iterator[Policy]:
+    """Scope a backend preference: `with rlk.use_backends("cuda", strict=True): ...`.
+
+    Names come first in that order; unnamed backends keep their priority after them.
+    `strict=True` raises instead of falling back outside the named backends (or, with
+    no names, below the highest-priority backend); `require` keeps only kernels with
+    those properties (for example "batch_invariant"). Scopes nest; the inner one wins.
+    """
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"backend names must be non-empty strings, got {name!r}")
+    outer = _policy.get() or get_dispatcher().env_policy
+    policy = Policy(
+        order=tuple(names) if names else outer.order,
+        strict=outer.strict if strict is None else bool(strict),
+        require=frozenset(require) | outer.require,
+    )
+    token = _policy.set(policy)
+    try:
+        yield policy
+    finally:
+        _policy.reset(token)
+
+
+_dispatcher: Dispatcher | None = None
+_dispatcher_lock = threading.Lock()
+
+
+def get_dispatcher() -> Dispatcher:
+    global _dispatcher
+    if _dispatcher is None:
+        with _dispatcher_lock:
+            if _dispatcher is None:
+                from rlk.ops import OP_NAMES
+
+                _dispatcher = Dispatcher(OP_NAMES)
+    return _dispatcher
+
+
+def reset() -> None:
+    """Forget plugins, environment settings and cached decisions (tests use this)."""
+    global _dispatcher
+    with _dispatcher_lock:
+        _dispatcher = None

@@ -1,0 +1,1 @@
+"""The built-in backend: pure PyTorch, every device, lowest priority, bounded memory."""

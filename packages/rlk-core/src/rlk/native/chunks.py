@@ -1,0 +1,23 @@
+"""Row chunking that keeps the native backend's extra memory bounded whatever N is."""
+
+from __future__ import annotations
+
+import os
+
+DEFAULT_CHUNK_BYTES = 256 * 2**20
+
+
+def chunk_bytes() -> int:
+    """The float32 working-set budget of one chunk (RLK_NATIVE_CHUNK_MB overrides it)."""
+    raw = os.environ.get("RLK_NATIVE_CHUNK_MB")
+    if raw is None:
+        return DEFAULT_CHUNK_BYTES
+    megabytes = float(raw)
+    if megabytes <= 0:
+        raise ValueError(f"RLK_NATIVE_CHUNK_MB must be > 0, got {raw!r}")
+    return int(megabytes * 2**20)
+
+
+def rows_per_chunk(width: int, live_copies: int) -> int:
+    """Rows such that `live_copies` float32 temporaries of `width` columns fit the budget."""
+    return max(1, chunk_bytes() // (max(width, 1) * 4 * live_copies))

@@ -1,0 +1,29 @@
+"""Registers the native backend through the same hook every plugin uses."""
+
+from __future__ import annotations
+
+import torch
+
+from rlk.ops.validate import FLOATS
+from rlk.plugins import PLUGIN_API_VERSION, hookimpl
+from rlk.registry import Registry
+
+RLK_PLUGIN_API = PLUGIN_API_VERSION
+_EVERY_DEVICE = ("cpu", "cuda", "xpu", "mps", "meta")
+
+
+def probe(device: torch.device) -> str | None:
+    """Native runs wherever torch does."""
+    return None
+
+
+@hookimpl
+def rlk_register(registry: Registry) -> None:
+    from rlk import __version__
+
+    registry.add_backend("native", priority=0, probe=probe, version=__version__)
+    for op in ("logp", "logp_entropy"):
+        registry.add_kernel(op, "native", "rlk.native.logp:forward",
+                            backward="rlk.native.logp:backward",
+                            devices=_EVERY_DEVICE, dtypes=FLOATS,
+                            properties=("batch_invariant",))

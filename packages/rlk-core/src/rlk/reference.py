@@ -1,0 +1,64 @@
+"""Float64 references: the ground truth of every op, for tests and `doctor --smoke` only.
+
+They favour clarity over memory: never call them on production-sized inputs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def logp_entropy(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    *,
+    temperature: float | torch.Tensor = 1.0,
+    ignore_index: int = -100,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log softmax(logits / T) at `tokens`, and the entropy of softmax(logits / T), in float64.
+
+    Leading dimensions of `logits` match `tokens`; a per-row temperature has the
+    same shape as `tokens`. ignore_index gives 0 for both; an out-of-range token
+    gives NaN logp; non-finite rows give NaN.
+    """
+    x = logits.to(torch.float64)
+    if isinstance(temperature, torch.Tensor):
+        x = x / temperature.detach().to(torch.float64).unsqueeze(-1)
+    else:
+        x = x / float(temperature)
+    vocab = x.shape[-1]
+    lse = torch.logsumexp(x, dim=-1)
+    log_probs = x - lse.unsqueeze(-1)
+    probs = log_probs.exp()
+    entropy = -(probs * log_probs).nansum(dim=-1)
+    tokens = tokens.detach().to(torch.int64)
+    valid = (tokens >= 0) & (tokens < vocab)
+    picked = log_probs.gather(-1, tokens.clamp(0, max(vocab - 1, 0)).unsqueeze(-1)).squeeze(-1)
+    logp = torch.where(valid, picked, torch.nan)
+    finite = torch.isfinite(lse)
+    logp = torch.where(finite, logp, torch.nan)
+    entropy = torch.where(finite, entropy, torch.nan)
+    ignored = tokens == ignore_index
+    return logp.masked_fill(ignored, 0.0), entropy.masked_fill(ignored, 0.0)
+
+
+def logp_entropy_grad(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    grad_logp: torch.Tensor,
+    grad_entropy: torch.Tensor | None,
+    *,
+    temperature: float | torch.Tensor = 1.0,
+    ignore_index: int = -100,
+) -> torch.Tensor:
+    """The float64 gradient of sum(grad_logp * logp + grad_entropy * entropy) w.r.t. logits.
+
+    Computed by autograd over the float64 reference, for finite rows with valid tokens.
+    """
+    x = logits.to(torch.float64).requires_grad_(True)
+    logp, entropy = logp_entropy(x, tokens, temperature=temperature, ignore_index=ignore_index)
+    total = (logp * grad_logp.to(torch.float64)).sum()
+    if grad_entropy is not None:
+        total = total + (entropy * grad_entropy.to(torch.float64)).sum()
+    (grad,) = torch.autograd.grad(total, x)
+    return grad

@@ -30,7 +30,8 @@ def logp_entropy(
     lse = torch.logsumexp(x, dim=-1)
     log_probs = x - lse.unsqueeze(-1)
     probs = log_probs.exp()
-    entropy = -(probs * log_probs).nansum(dim=-1)
+    # p log p is 0 where p is 0; masking log p (not the product) keeps gradients finite
+    entropy = -(probs * torch.where(probs > 0, log_probs, 0.0)).sum(dim=-1)
     tokens = tokens.detach().to(torch.int64)
     valid = (tokens >= 0) & (tokens < vocab)
     picked = log_probs.gather(-1, tokens.clamp(0, max(vocab - 1, 0)).unsqueeze(-1)).squeeze(-1)

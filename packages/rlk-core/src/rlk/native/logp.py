@@ -19,7 +19,9 @@ def _take(tensor: Tensor, start: int, stop: int, index: Tensor | None) -> Tensor
 def _scaled(logits: Tensor, temperature: Temperature, start: int, stop: int,
             index: Tensor | None) -> Tensor:
     """A fresh float32 copy of the chunk's logits divided by the temperature."""
-    x = _take(logits, start, stop, index).to(torch.float32, copy=True)
+    x = _take(logits, start, stop, index).to(
+        torch.float32, memory_format=torch.contiguous_format, copy=True
+    )
     if isinstance(temperature, Tensor):
         x.div_(_take(temperature, start, stop, index).unsqueeze(1))
     elif temperature != 1.0:
@@ -63,9 +65,9 @@ def forward(logits: Tensor, tokens: Tensor, temperature: Temperature, ignore_ind
         logp[start:stop] = picked.masked_fill(ignored, 0.0)
         lse[start:stop] = chunk_lse
         if entropy is not None:
-            # p * log p is 0 where p == 0 (log p == -inf gives 0 * -inf = NaN: skip those)
-            plogp = x.exp().mul_(x)
-            ent = torch.where(finite, -plogp.nansum(dim=1), torch.nan)
+            # p * log p is 0 where p == 0 (log p == -inf would give 0 * -inf = NaN)
+            plogp = x.exp().mul_(x).masked_fill_(x == float("-inf"), 0.0)
+            ent = torch.where(finite, -plogp.sum(dim=1), torch.nan)
             entropy[start:stop] = ent.masked_fill(ignored, 0.0)
     return logp, entropy, lse
 

@@ -396,22 +396,88 @@ def _public_prepare(with_entropy: bool):
     return prepare
 
 
-def reference_kernel(args: Mapping[str, Any]) -> tuple[Tensor, Tensor]:
-    """The float64 reference evaluated on kernel-level arguments (selected rows only)."""
+def _selected(args: Mapping[str, Any]) -> tuple[Tensor, Tensor, Temperature]:
+    """Logits, tokens and temperature of the rows the call computes (all, or `rows`)."""
     logits, tokens, temperature = args["logits"], args["tokens"], args["temperature"]
     rows = args.get("rows")
     if rows is not None:
         logits, tokens = logits[rows], tokens[rows]
         if isinstance(temperature, Tensor):
             temperature = temperature[rows]
-    return reference.logp_entropy(logits, tokens, temperature=temperature,
-                                  ignore_index=args["ignore_index"])
+    return logits, tokens, temperature
 
 
-_TOLERANCES = {
-    torch.float32: Tolerance(atol=2e-5, rtol=1e-5),
-    torch.bfloat16: Tolerance(atol=2e-5, rtol=1e-5),
-    torch.float16: Tolerance(atol=2e-5, rtol=1e-5),
+def _reference(args: Mapping[str, Any]) -> tuple[Tensor, ...]:
+    logits, tokens, temperature = _selected(args)
+    logp_ref, entropy_ref = reference.logp_entropy(
+        logits, tokens, temperature=temperature, ignore_index=args["ignore_index"]
+    )
+    return (logp_ref, entropy_ref) if args["with_entropy"] else (logp_ref,)
+
+
+def _outputs(result: Any, args: Mapping[str, Any]) -> tuple[Tensor, ...]:
+    logp_out, entropy_out, _ = result
+    return (logp_out, entropy_out) if args["with_entropy"] else (logp_out,)
+
+
+def _grad_check(kernel: Any, args: dict[str, Any], gen: torch.Generator):
+    """The kernel's backward (plain and in place) against autograd over the float64 reference."""
+    logits, tokens, rows = args["logits"], args["tokens"], args["rows"]
+    count = logits.shape[0] if rows is None else rows.shape[0]
+    grad_logp = torch.randn(count, generator=gen).to(logits.device)
+    grad_entropy = None
+    if args["with_entropy"]:
+        grad_entropy = torch.randn(count, generator=gen).to(logits.device)
+    forward_args = dict(args, out=None)
+    _, entropy, lse = kernel.forward(**forward_args)
+
+    def upstream(values: Tensor | None) -> Tensor | None:
+        if values is None or rows is None:
+            return values
+        return torch.zeros(logits.shape[0], device=values.device).index_copy(0, rows, values)
+
+    upstream_entropy = upstream(grad_entropy)
+    expected = reference.logp_entropy_grad(
+        logits, tokens, upstream(grad_logp), upstream_entropy,
+        temperature=args["temperature"], ignore_index=args["ignore_index"],
+    )
+    common = (tokens, args["temperature"], args["ignore_index"], rows, lse, entropy)
+    grad = kernel.backward(grad_logp, grad_entropy, logits, *common, False)
+    yield "grad_logits", grad, expected
+    scratch = logits.clone()
+    grad_inplace = kernel.backward(grad_logp, grad_entropy, scratch, *common, True)
+    yield "grad_logits (inplace)", grad_inplace, expected
+
+
+def _opcheck_case(args: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
+    temp, value = _split_temperature(args["temperature"])
+    common = (args["tokens"], temp, value, args["ignore_index"], args["rows"])
+    logits = args["logits"].detach()
+    if args["out"] is not None:
+        entropy_out = torch.empty_like(args["out"]) if args["with_entropy"] else None
+        return torch.ops.rlk.logp_out.default, (logits, *common, args["out"], entropy_out)
+    op = torch.ops.rlk.logp_entropy.default if args["with_entropy"] else torch.ops.rlk.logp.default
+    return op, (logits.clone().requires_grad_(True), *common)
+
+
+def _batch_slice(args: dict[str, Any], start: int, stop: int) -> dict[str, Any] | None:
+    if args["rows"] is not None or args["out"] is not None:
+        return None
+    temperature = args["temperature"]
+    if isinstance(temperature, Tensor):
+        temperature = temperature[start:stop]
+    return dict(args, logits=args["logits"][start:stop], tokens=args["tokens"][start:stop],
+                temperature=temperature)
+
+
+# Inputs are exact in every dtype (the reference upcasts the same values), so only
+# float32 accumulation separates a kernel from the reference.
+_TOLERANCES = {dtype: Tolerance(atol=2e-5, rtol=1e-5) for dtype in validate.FLOATS}
+# Gradients are written in the logits' dtype: one rounding to that dtype is allowed.
+_GRAD_TOLERANCES = {
+    torch.float32: Tolerance(atol=1e-6, rtol=1e-4),
+    torch.bfloat16: Tolerance(atol=1e-6, rtol=8e-3),
+    torch.float16: Tolerance(atol=1e-6, rtol=1e-3),
 }
 
 LOGP = OpSpec(
@@ -419,10 +485,15 @@ LOGP = OpSpec(
     main_input="logits",
     prepare=_public_prepare(False),
     flags=_flags,
-    reference=reference_kernel,
+    reference=_reference,
+    outputs=_outputs,
     samples=_samples(False),
     tolerances=_TOLERANCES,
     dtypes=validate.FLOATS,
+    opcheck_case=_opcheck_case,
+    grad_check=_grad_check,
+    grad_tolerances=_GRAD_TOLERANCES,
+    batch_slice=_batch_slice,
     doc="log softmax(logits / T) at tokens",
 )
 LOGP_ENTROPY = OpSpec(
@@ -430,10 +501,15 @@ LOGP_ENTROPY = OpSpec(
     main_input="logits",
     prepare=_public_prepare(True),
     flags=_flags,
-    reference=reference_kernel,
+    reference=_reference,
+    outputs=_outputs,
     samples=_samples(True),
     tolerances=_TOLERANCES,
     dtypes=validate.FLOATS,
+    opcheck_case=_opcheck_case,
+    grad_check=_grad_check,
+    grad_tolerances=_GRAD_TOLERANCES,
+    batch_slice=_batch_slice,
     doc="logp and the entropy of softmax(logits / T)",
 )
 SPECS = (LOGP, LOGP_ENTROPY)

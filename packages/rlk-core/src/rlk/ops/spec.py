@@ -7,9 +7,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from rlk.dispatch import get_dispatcher
 from rlk.registry import Kernel
+
+KernelArgs = dict[str, Any]
+GradCase = tuple[str, Tensor, Tensor]
 
 
 @dataclass(frozen=True)
@@ -22,33 +26,44 @@ class Tolerance:
 
 @dataclass(frozen=True)
 class Sample:
-    """One conformance case: kernel-level arguments plus what the kit should check."""
+    """One conformance case: kernel-level arguments and whether to check its backward."""
 
     name: str
-    args: dict[str, Any]
+    args: KernelArgs
     check_backward: bool = True
 
 
 @dataclass(frozen=True)
 class OpSpec:
-    """Everything core knows about one operator.
+    """Everything core knows about one operator; the conformance kit reads only this.
 
-    `main_input` names the kernel argument whose device and dtype drive selection;
-    `prepare` turns the public function's arguments into validated kernel arguments;
-    `flags` extracts the rest of the selection cache key from kernel arguments;
-    `reference` is the float64 truth used only by tests; `samples` yields the
-    conformance kit's cases; `tolerances` is per dtype of the main input.
+    - `main_input`: the kernel argument whose device and dtype drive selection.
+    - `prepare`: the public function's arguments -> validated kernel arguments.
+    - `flags`: the rest of the selection cache key, from kernel arguments.
+    - `reference`: kernel arguments -> float64 truth, a tuple aligned with `outputs`.
+    - `outputs`: (kernel result, kernel arguments) -> the tensors compared with it.
+    - `samples`: the conformance cases for a device and dtype of the main input.
+    - `grad_check`: (kernel, arguments, generator) -> (name, actual, float64 expected)
+      triples for the backward, or None for ops without one.
+    - `opcheck_case`: kernel arguments -> (torch op overload, its arguments) for
+      torch.library.opcheck.
+    - `batch_slice`: kernel arguments restricted to rows [start, stop), or None where
+      batch invariance has no meaning for these arguments.
     """
 
     name: str
     main_input: str
-    prepare: Callable[..., dict[str, Any]]
+    prepare: Callable[..., KernelArgs]
     flags: Callable[[Mapping[str, Any]], tuple[Any, ...]]
-    reference: Callable[..., Any]
+    reference: Callable[[Mapping[str, Any]], tuple[Tensor, ...]]
+    outputs: Callable[[Any, Mapping[str, Any]], tuple[Tensor, ...]]
     samples: Callable[[torch.device, torch.dtype], Iterator[Sample]]
     tolerances: Mapping[torch.dtype, Tolerance]
     dtypes: tuple[torch.dtype, ...]
-    differentiable: bool = True
+    opcheck_case: Callable[[KernelArgs], tuple[Any, tuple[Any, ...]]]
+    grad_check: Callable[[Kernel, KernelArgs, torch.Generator], Iterator[GradCase]] | None = None
+    grad_tolerances: Mapping[torch.dtype, Tolerance] | None = None
+    batch_slice: Callable[[KernelArgs, int, int], KernelArgs | None] | None = None
     doc: str = ""
 
     def kernel(self, args: Mapping[str, Any]) -> Kernel:

@@ -1,0 +1,44 @@
+"""Comparison against float64 references, NaN-aware and with readable failures."""
+
+from __future__ import annotations
+
+import torch
+
+from rlk.ops.spec import Tolerance
+
+
+def assert_matches(name: str, actual: torch.Tensor, expected: torch.Tensor,
+                   tolerance: Tolerance) -> None:
+    """Shapes equal, NaN exactly where the reference has NaN, the rest within tolerance."""
+    if tuple(actual.shape) != tuple(expected.shape):
+        raise AssertionError(f"{name}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}")
+    got = actual.detach().to("cpu", torch.float64)
+    want = expected.detach().to("cpu", torch.float64)
+    got_nan, want_nan = torch.isnan(got), torch.isnan(want)
+    if not torch.equal(got_nan, want_nan):
+        first = torch.nonzero(got_nan != want_nan)[0].tolist()
+        raise AssertionError(
+            f"{name}: NaN pattern differs first at {first}: got {got[tuple(first)].item()}, "
+            f"expected {want[tuple(first)].item()}"
+        )
+    mask = ~want_nan
+    same_inf = (got == want) & torch.isinf(want)
+    error = (got - want).abs().masked_fill(~mask | same_inf, 0.0)
+    bound = tolerance.atol + tolerance.rtol * want.abs().masked_fill(~mask, 0.0)
+    excess = error - bound
+    if bool((excess > 0).any()):
+        worst = torch.nonzero(excess == excess.max())[0].tolist()
+        raise AssertionError(
+            f"{name}: max abs error {error.max().item():.3e} (at {worst}: got "
+            f"{got[tuple(worst)].item()!r}, expected {want[tuple(worst)].item()!r}); "
+            f"allowed atol={tolerance.atol} rtol={tolerance.rtol}"
+        )
+
+
+def assert_bitwise_equal(name: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Equality bit for bit (NaN equal to NaN), as batch invariance promises."""
+    if not torch.equal(actual.isnan(), expected.isnan()) or not torch.equal(
+        actual.nan_to_num(), expected.nan_to_num()
+    ):
+        diff = (actual.double() - expected.double()).abs().nan_to_num().max().item()
+        raise AssertionError(f"{name}: not bitwise equal (max difference {diff:.3e})")

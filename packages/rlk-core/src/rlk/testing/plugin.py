@@ -1,0 +1,50 @@
+"""pytest hooks of the conformance kit, loaded through the `pytest11` entry point.
+
+Inert unless its tests are collected: it adds options, the `gpu` marker (tests
+carrying it skip without a CUDA device) and the parametrisation of the kit's tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("rlk", "rlk conformance kit")
+    group.addoption("--rlk-backend", default="native",
+                    help="backend whose kernels the conformance kit checks (default: native)")
+    group.addoption("--rlk-device", default=None,
+                    help="device to run the kit on (default: cuda if available, else cpu)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs a CUDA (or ROCm) device; skipped without one")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def kit_device(config: pytest.Config) -> torch.device:
+    chosen = config.getoption("--rlk-device")
+    if chosen is None:
+        chosen = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(chosen)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "rlk_case" not in metafunc.fixturenames:
+        return
+    from rlk.testing.cases import conformance_cases
+
+    backend = metafunc.config.getoption("--rlk-backend")
+    cases: list[Any] = conformance_cases(backend, kit_device(metafunc.config))
+    metafunc.parametrize("rlk_case", cases, ids=[case.id for case in cases])

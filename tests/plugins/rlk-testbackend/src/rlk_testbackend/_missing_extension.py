@@ -1,0 +1,3 @@
+"""Stands for a compiled extension that fails to load."""
+
+raise ImportError("_missing_extension.so: undefined symbol: rlk_kernel_table")

@@ -1,0 +1,13 @@
+"""A plugin whose registration hook raises halfway: nothing it added may survive."""
+
+from __future__ import annotations
+
+import rlk
+
+RLK_PLUGIN_API = "1.0"
+
+
+@rlk.hookimpl
+def rlk_register(registry) -> None:
+    registry.add_backend("halfway", priority=400)
+    raise RuntimeError("could not read the device table")

@@ -1,0 +1,12 @@
+"""A plugin written for an incompatible plugin API major version."""
+
+from __future__ import annotations
+
+import rlk
+
+RLK_PLUGIN_API = "0.9"
+
+
+@rlk.hookimpl
+def rlk_register(registry) -> None:
+    registry.add_backend("oldapi", priority=500)

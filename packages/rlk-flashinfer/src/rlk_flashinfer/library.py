@@ -1,0 +1,68 @@
+"""Finding FlashInfer and its version without importing it (importing costs about a second)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+import sys
+from importlib import metadata
+from types import ModuleType
+
+DISTRIBUTION = "flashinfer-python"
+MODULE = "flashinfer"
+SUPPORTED = "0.6.x-0.7.x"
+_LOWEST, _BEYOND = (0, 6), (0, 8)
+
+
+def is_installed() -> bool:
+    """True when `import flashinfer` can find a module (a test may inject one)."""
+    if MODULE in sys.modules:
+        return sys.modules[MODULE] is not None
+    try:
+        return importlib.util.find_spec(MODULE) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def installed_version() -> str | None:
+    """The distribution's version from its metadata, else an already imported module's."""
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        module = sys.modules.get(MODULE)
+        version = getattr(module, "__version__", None)
+        return str(version) if version else None
+
+
+def is_supported(version: str) -> bool:
+    """True for 0.6.x and 0.7.x, the releases whose sampling API this backend was written for."""
+    match = re.match(r"\s*(\d+)\.(\d+)", version)
+    if match is None:
+        return False
+    release = (int(match.group(1)), int(match.group(2)))
+    return _LOWEST <= release < _BEYOND
+
+
+def version_reason(version: str | None) -> str | None:
+    """None when `version` is supported, else the one-line reason a probe reports."""
+    if version is None:
+        return f"flashinfer is importable but its version is unknown (no {DISTRIBUTION} metadata)"
+    if not is_supported(version):
+        return f"{DISTRIBUTION} {version} is outside the supported range {SUPPORTED}"
+    return None
+
+
+def load_sampling() -> ModuleType:
+    """Import `flashinfer.sampling` on first use, refusing an unsupported version clearly."""
+    try:
+        package = importlib.import_module(MODULE)
+    except ImportError as exc:
+        raise ImportError(
+            "the flashinfer backend needs FlashInfer: pip install 'rlk-flashinfer[flashinfer]' "
+            f"({DISTRIBUTION} {SUPPORTED})"
+        ) from exc
+    reason = version_reason(getattr(package, "__version__", None) or installed_version())
+    if reason is not None:
+        raise RuntimeError(reason)
+    return importlib.import_module(f"{MODULE}.sampling")

@@ -1,0 +1,24 @@
+"""Entry point `flashinfer` (group `rlk.backends`): the backend and its `sample` kernel."""
+
+from __future__ import annotations
+
+import torch
+
+import rlk
+from rlk.registry import Registry
+from rlk_flashinfer import __version__
+from rlk_flashinfer.probe import probe
+
+RLK_PLUGIN_API = "1.0"
+PRIORITY = 150
+
+
+@rlk.hookimpl
+def rlk_register(registry: Registry) -> None:
+    registry.add_backend("flashinfer", priority=PRIORITY, probe=probe, version=__version__)
+    # No batch_invariant claim: FlashInfer's softmax splits the vocabulary across blocks
+    # only for batches of at most 128 rows, so a row's float32 probabilities (not its
+    # random stream) can differ in the last bit with the batch size.
+    registry.add_kernel("sample", "flashinfer", "rlk_flashinfer.sampler:sample",
+                        devices=("cuda",),
+                        dtypes=(torch.float32, torch.bfloat16, torch.float16))

@@ -1,0 +1,254 @@
+"""The `sample` kernel against a fake flashinfer on CPU: mapping, temperature, seeds, edges."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import rlk
+from rlk_flashinfer import sampler
+from rlk_flashinfer.sampler import sample
+from rlk_flashinfer.seeds import SLOTS, split_seed
+
+from conftest import chi_square, chi_square_critical, truncated_reference
+from fake_flashinfer import FakeFlashInfer
+
+
+def _logits(batch: int, vocab: int, seed: int = 0, dtype: torch.dtype = torch.float32):
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(batch, vocab, generator=generator) * 2.0).to(dtype)
+
+
+def _seeds(batch: int, seed: int = 1) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(-(2**62), 2**62, (batch,), generator=generator, dtype=torch.int64)
+
+
+# --- argument mapping ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 1.7])
+def test_softmax_gets_raw_logits_and_the_temperature(fake: FakeFlashInfer, temperature: float):
+    logits = _logits(5, 40, dtype=torch.bfloat16)
+    sample(logits, temperature, 0, 1.0, 0.0, _seeds(5))
+    softmax_calls = [call for call in fake.calls if call.name == "softmax"]
+    assert len(softmax_calls) == 1
+    assert softmax_calls[0].kwargs["temperature"] == temperature
+    assert torch.equal(softmax_calls[0].args[0], logits)  # never pre-divided by T
+
+
+@pytest.mark.parametrize(
+    ("top_k", "top_p", "min_p", "expected"),
+    [
+        (0, 1.0, 0.0, ["softmax", "sampling_from_probs"]),
+        (7, 1.0, 0.0, ["softmax", "top_k_renorm_probs", "sampling_from_probs"]),
+        (40, 1.0, 0.0, ["softmax", "sampling_from_probs"]),  # k >= V is no filter
+        (0, 0.8, 0.0, ["softmax", "top_p_renorm_probs", "sampling_from_probs"]),
+        (0, 1.0, 0.1, ["softmax", "min_p_sampling_from_probs"]),
+        (5, 0.9, 0.05, ["softmax", "top_k_renorm_probs", "top_p_renorm_probs",
+                        "min_p_sampling_from_probs"]),
+    ],
+)
+def test_filters_map_onto_flashinfer_calls(fake: FakeFlashInfer, top_k: int, top_p: float,
+                                           min_p: float, expected: list[str]):
+    seeds = torch.arange(3, dtype=torch.int64)  # one key: a single launch
+    sample(_logits(3, 40), 1.3, top_k, top_p, min_p, seeds)
+    assert fake.names() == expected
+    by_name = {call.name: call.kwargs for call in fake.calls}
+    if "top_k_renorm_probs" in by_name:
+        assert by_name["top_k_renorm_probs"]["top_k"] == top_k
+    if "top_p_renorm_probs" in by_name:
+        assert by_name["top_p_renorm_probs"] == {"top_p": top_p, "is_deterministic": True}
+    draw = by_name[expected[-1]]
+    assert draw["seed"] == 0 and draw["offset"] == 0 and draw["deterministic"] is True
+    assert draw["indices"].tolist() == [0, 1, 2]
+    if "min_p_sampling_from_probs" in by_name:
+        assert by_name["min_p_sampling_from_probs"]["min_p"] == min_p
+
+
+def test_seed_key_and_slot_reach_flashinfer(fake: FakeFlashInfer):
+    seeds = torch.tensor([(5 << 6) | 3, -1], dtype=torch.int64)
+    sample(_logits(2, 16), 1.0, 0, 1.0, 0.0, seeds)
+    draws = [call.kwargs for call in fake.calls if call.name == "sampling_from_probs"]
+    assert [d["seed"] for d in draws] == [5, (2**64 - 1) >> 6]
+    assert draws[0]["indices"].tolist() == [0, 0, 0, 0]  # row 0 at position 3
+    assert draws[1]["indices"].tolist() == [1] * SLOTS  # row 1 at position 63
+
+
+def test_greedy_never_calls_flashinfer(fake: FakeFlashInfer):
+    logits = _logits(6, 30)
+    tokens, logp, processed = sample(logits, 0.0, 5, 0.5, 0.2, _seeds(6))
+    assert fake.calls == []
+    assert torch.equal(tokens, logits.argmax(-1))
+    assert torch.equal(logp, rlk.logp(logits, tokens, temperature=1.0))
+    assert torch.equal(processed, torch.zeros(6))
+
+
+# --- temperature applied once -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 1.7])
+def test_frequencies_follow_softmax_of_logits_over_t(fake: FakeFlashInfer, temperature: float):
+    logits = torch.tensor([[1.5, 0.3, -0.7, 0.9, -2.0, 0.0, 1.1, -0.4]])
+    draws = 4000
+    seeds = torch.arange(draws, dtype=torch.int64) + 1000
+    tokens, _, _ = sample(logits.expand(draws, -1), temperature, 0, 1.0, 0.0, seeds)
+    right = torch.softmax(logits[0].double() / temperature, -1)
+    statistic, dof = chi_square(tokens, right)
+    assert statistic < chi_square_critical(dof), (temperature, statistic)
+    if temperature != 1.0:  # the test has power: T applied twice would be rejected
+        twice = torch.softmax(logits[0].double() / temperature**2, -1)
+        assert chi_square(tokens, twice)[0] > chi_square_critical(dof)
+
+
+def test_top_k_frequencies_follow_the_truncated_distribution(fake: FakeFlashInfer):
+    logits = torch.tensor([[2.0, 1.2, 0.4, 0.1, -0.3, -1.0, 0.8, 0.5]])
+    draws = 3000
+    seeds = torch.arange(draws, dtype=torch.int64)
+    tokens, _, _ = sample(logits.expand(draws, -1), 1.7, 4, 1.0, 0.0, seeds)
+    expected = truncated_reference(logits, 1.7, 4, 1.0, 0.0)[0]
+    assert set(tokens.tolist()) <= set(expected.nonzero()[:, 0].tolist())
+    statistic, dof = chi_square(tokens, expected)
+    assert statistic < chi_square_critical(dof)
+
+
+# --- outputs --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("top_k", "top_p", "min_p"), [(0, 1.0, 0.0), (6, 0.85, 0.05),
+                                                       (0, 0.7, 0.0), (0, 1.0, 0.2)])
+def test_logp_is_rlk_logp_and_processed_matches_reference(fake: FakeFlashInfer, dtype,
+                                                          top_k, top_p, min_p):
+    logits = _logits(64, 50, seed=3, dtype=dtype)
+    temperature = 0.8
+    tokens, logp, processed = sample(logits, temperature, top_k, top_p, min_p, _seeds(64))
+    assert tokens.dtype == torch.int64 and logp.dtype == processed.dtype == torch.float32
+    assert torch.equal(logp, rlk.logp(logits, tokens, temperature=temperature))
+    truncated = truncated_reference(logits, temperature, top_k, top_p, min_p)
+    chosen = truncated.gather(1, tokens[:, None])[:, 0]
+    assert bool((chosen > 0).all()), "a token outside the kept set was drawn"
+    torch.testing.assert_close(processed.double(), chosen.log(), rtol=0, atol=2e-5)
+
+
+def test_rows_without_a_valid_token(fake: FakeFlashInfer):
+    logits = _logits(6, 20)
+    logits[1] = -math.inf
+    logits[3, 7] = math.nan
+    logits[4, 2] = math.inf
+    seeds = _seeds(6)
+    for temperature in (0.0, 1.3):
+        tokens, logp, processed = sample(logits, temperature, 0, 0.9, 0.0, seeds)
+        bad = torch.tensor([False, True, False, True, True, False])
+        assert tokens[bad].tolist() == [-1, -1, -1]
+        assert bool(logp[bad].isnan().all()) and bool(processed[bad].isnan().all())
+        assert bool((tokens[~bad] >= 0).all()) and bool(processed[~bad].isfinite().all())
+        alone, _, _ = sample(logits[~bad], temperature, 0, 0.9, 0.0, seeds[~bad])
+        assert torch.equal(tokens[~bad], alone)
+
+
+def test_partially_masked_rows_are_valid(fake: FakeFlashInfer):
+    logits = _logits(4, 12)
+    logits[:, 5:] = -math.inf
+    tokens, logp, processed = sample(logits, 1.0, 0, 1.0, 0.0, _seeds(4))
+    assert bool((tokens < 5).all()) and bool((tokens >= 0).all())
+    assert bool(logp.isfinite().all()) and bool(processed.isfinite().all())
+
+
+def test_empty_batch(fake: FakeFlashInfer):
+    tokens, logp, processed = sample(torch.randn(0, 9), 1.0, 0, 1.0, 0.0,
+                                     torch.empty(0, dtype=torch.int64))
+    assert tokens.shape == logp.shape == processed.shape == (0,)
+
+
+# --- per-row seeds --------------------------------------------------------------------------
+
+
+def test_a_row_depends_only_on_its_logits_and_seed(fake: FakeFlashInfer):
+    batch = 40
+    logits = _logits(batch, 30, seed=5)
+    seeds = torch.cat([_seeds(20), torch.arange(10, dtype=torch.int64) * 64 + 7,  # same slot
+                       torch.arange(5, dtype=torch.int64), torch.full((5,), 99)])  # duplicates
+    tokens, _, processed = sample(logits, 1.2, 8, 0.95, 0.0, seeds)
+    order = torch.randperm(batch, generator=torch.Generator().manual_seed(0))
+    shuffled, _, shuffled_processed = sample(logits[order], 1.2, 8, 0.95, 0.0, seeds[order])
+    assert torch.equal(shuffled, tokens[order])
+    assert torch.equal(shuffled_processed, processed[order])
+    for row in (0, 23, 31, 39):
+        alone, _, _ = sample(logits[row:row + 1], 1.2, 8, 0.95, 0.0, seeds[row:row + 1])
+        assert int(alone) == int(tokens[row])
+
+
+def test_identical_rows_and_seeds_give_identical_tokens(fake: FakeFlashInfer):
+    logits = _logits(1, 64).expand(8, -1)
+    tokens, _, _ = sample(logits, 1.0, 0, 1.0, 0.0, torch.full((8,), -12345, dtype=torch.int64))
+    assert len(set(tokens.tolist())) == 1
+    varied, _, _ = sample(logits, 1.0, 0, 1.0, 0.0, _seeds(8))
+    assert len(set(varied.tolist())) > 1
+
+
+def test_blocks_and_strides_do_not_change_results(fake: FakeFlashInfer, monkeypatch):
+    logits = _logits(30, 24, seed=9)
+    seeds = _seeds(30)
+    reference = sample(logits, 0.9, 5, 0.9, 0.02, seeds)
+    monkeypatch.setattr(sampler, "BLOCK_ELEMENTS", 24 * 7)  # blocks of 7 rows
+    blocked = sample(logits, 0.9, 5, 0.9, 0.02, seeds)
+    strided = sample(logits.t().contiguous().t(), 0.9, 5, 0.9, 0.02, seeds)
+    for got in (blocked, strided):
+        for left, right in zip(got, reference, strict=True):
+            assert torch.equal(left, right)
+
+
+def test_launches_group_rows_by_key(fake: FakeFlashInfer):
+    seeds = torch.arange(128, dtype=torch.int64) + (77 << 6)
+    sample(_logits(128, 10), 1.0, 0, 1.0, 0.0, seeds)
+    draws = [call.kwargs for call in fake.calls if call.name == "sampling_from_probs"]
+    assert sorted(d["seed"] for d in draws) == [77, 78]
+    assert {split_seed(int(s))[0] for s in seeds} == {77, 78}
+
+
+# --- errors -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "message"),
+    [
+        ({"logits": torch.ones(4, 5, dtype=torch.int32)}, TypeError, "got torch.int32"),
+        ({"logits": torch.ones(4)}, ValueError, r"got shape \(4,\)"),
+        ({"temperature": -0.1}, ValueError, "got -0.1"),
+        ({"temperature": math.nan}, ValueError, "got nan"),
+        ({"temperature": "hot"}, TypeError, "got str"),
+        ({"top_k": -2}, ValueError, "got -2"),
+        ({"top_k": 2.0}, TypeError, "got float"),
+        ({"top_p": 0.0}, ValueError, r"\(0, 1\].*got 0.0"),
+        ({"min_p": 1.0}, ValueError, r"\[0, 1\).*got 1.0"),
+        ({"seeds": torch.zeros(4, dtype=torch.int32)}, TypeError, "got torch.int32"),
+        ({"seeds": torch.zeros(3, dtype=torch.int64)}, ValueError, r"\(4,\).*got \(3,\)"),
+    ],
+)
+def test_bad_arguments_are_refused_with_both_values(fake: FakeFlashInfer, change, error, message):
+    arguments = {"logits": torch.randn(4, 5), "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+                 "min_p": 0.0, "seeds": torch.zeros(4, dtype=torch.int64)}
+    arguments.update(change)
+    with pytest.raises(error, match=message):
+        sample(**arguments)
+    assert fake.calls == []
+
+
+def test_missing_flashinfer_is_a_clear_import_error(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "flashinfer", None)
+    with pytest.raises(ImportError, match=r"rlk-flashinfer\[flashinfer\]"):
+        sample(torch.randn(2, 5), 1.0, 0, 1.0, 0.0, torch.zeros(2, dtype=torch.int64))
+
+
+def test_unsupported_flashinfer_version_is_refused(fake: FakeFlashInfer, monkeypatch):
+    import sys
+
+    monkeypatch.setattr(sys.modules["flashinfer"], "__version__", "0.5.3")
+    with pytest.raises(RuntimeError, match=r"0\.5\.3 is outside the supported range 0\.6\.x"):
+        sample(torch.randn(2, 5), 1.0, 0, 1.0, 0.0, torch.zeros(2, dtype=torch.int64))
+    assert fake.calls == []

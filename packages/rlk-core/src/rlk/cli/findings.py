@@ -1,0 +1,61 @@
+"""Actionable findings with stable ids, derived from a doctor report."""
+
+from __future__ import annotations
+
+from typing import Any
+
+ERROR, WARNING, INFO = "error", "warning", "info"
+
+
+def _finding(fid: str, severity: str, message: str, hint: str = "") -> dict[str, str]:
+    return {"id": fid, "severity": severity, "message": message, "hint": hint}
+
+
+def derive(report: dict[str, Any]) -> list[dict[str, str]]:
+    env = report["environment"]
+    found = []
+    for plugin in report["plugins"]:
+        if plugin["status"] == "failed":
+            found.append(_finding(
+                "plugin-failed", ERROR,
+                f"plugin '{plugin['name']}' ({plugin['distribution']} {plugin['version']}) "
+                f"failed: {plugin['error']}",
+                "reinstall it, or block it with RLK_DISABLE_PLUGINS=" + plugin["name"]))
+    for backend in report["backends"]:
+        if backend["status"] == "failed" and backend["priority"] is not None:
+            found.append(_finding(
+                "backend-broken", ERROR,
+                f"backend '{backend['name']}' is registered but broken: {backend['reason']}",
+                f"reinstall {backend['distribution'] or backend['name']}"))
+    nvidia = [g for g in env["gpus"] if g.get("vendor") == "nvidia"]
+    if nvidia and env["torch_cuda"] is None:
+        found.append(_finding(
+            "torch-without-cuda", WARNING,
+            f"{len(nvidia)} NVIDIA GPU(s) visible but torch {env['torch']} is a CPU build",
+            "install a CUDA build of torch that matches the driver"))
+    if not env["cuda_available"]:
+        found.append(_finding("no-gpu", INFO, "no GPU visible to torch: ops run on the CPU "
+                              "through the native backend"))
+    for device, table in report["matrix"].items():
+        for op, row in table.items():
+            if row["selected"] is None:
+                found.append(_finding(
+                    "op-unserved", ERROR, f"no backend can serve '{op}' on {device}",
+                    "; ".join(f"{k}: {v}" for k, v in row["rejected"].items())))
+            elif row["selected"] == "native" and device.startswith("cuda"):
+                found.append(_finding(
+                    "gpu-native-fallback", WARNING,
+                    f"'{op}' on {device} runs on the native (PyTorch) backend",
+                    "pip install 'rlk-core[cuda]' (or [rocm]) for fused kernels"))
+    if env["flashinfer"] and env["nvcc"] is None:
+        found.append(_finding(
+            "nvcc-missing", WARNING,
+            "flashinfer is installed but nvcc was not found (CUDA_HOME, PATH): its first call "
+            "cannot JIT-compile", "install the CUDA toolkit or set CUDA_HOME"))
+    for row in report.get("smoke", []):
+        if row["status"] != "pass":
+            found.append(_finding(
+                "smoke-failed", ERROR,
+                f"smoke test of '{row['op']}' on {row['backend']} ({row['device']}) failed: "
+                f"{row['detail']}", "report it with `rlk-core doctor --json`"))
+    return found

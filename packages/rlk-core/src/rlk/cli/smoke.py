@@ -1,0 +1,34 @@
+"""`doctor --smoke`: run each selected kernel on tiny inputs against the float64 reference."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rlk.cli.matrix import representative_dtype
+from rlk.ops import specs
+from rlk.testing.compare import assert_matches
+
+_CASES_PER_OP = 3
+
+
+def run(device: torch.device) -> list[dict[str, Any]]:
+    rows = []
+    for name, spec in specs().items():
+        dtype = representative_dtype(spec, device)
+        for index, sample in enumerate(spec.samples(device, dtype)):
+            if index >= _CASES_PER_OP:
+                break
+            row = {"op": name, "device": str(device), "case": sample.name, "backend": None}
+            try:
+                kernel = spec.kernel(sample.args)
+                row["backend"] = kernel.backend
+                outputs = spec.outputs(kernel.forward(**sample.args), sample.args)
+                for got, want in zip(outputs, spec.reference(sample.args)):
+                    assert_matches(name, got, want, spec.tolerances[dtype])
+                row.update(status="pass", detail="")
+            except Exception as exc:  # every failure is a finding, never a crash
+                row.update(status="failure", detail=f"{type(exc).__name__}: {exc}")
+            rows.append(row)
+    return rows

@@ -10,11 +10,12 @@ import math
 
 import pytest
 import torch
-from conftest import chi_square, chi_square_critical, truncated_reference
 
 import rlk
 from rlk_flashinfer.probe import probe
 from rlk_flashinfer.sampler import sample
+
+from conftest import chi_square, chi_square_critical, truncated_reference
 
 pytestmark = pytest.mark.gpu
 

@@ -61,18 +61,22 @@ def forward(logits: Tensor, tokens: Tensor, temperature: float, ignore_index: in
 def backward(grad_logp: Tensor, grad_entropy: Tensor | None, logits: Tensor, tokens: Tensor,
              temperature: float, ignore_index: int, rows: Tensor | None, lse: Tensor,
              entropy: Tensor | None, inplace: bool) -> Tensor:
+    """Row by row in float64: d logp = onehot - p, d entropy = -p (log p + H), over T."""
     indices = list(range(logits.shape[0])) if rows is None else rows.tolist()
     grad = torch.zeros(logits.shape, dtype=torch.float64)
     for position, row in enumerate(indices):
         token = int(tokens[row])
         if token == ignore_index:
             continue
-        x = logits[row].to(torch.float64).requires_grad_(True)
-        value, ent, _ = _row(x, token, temperature, ignore_index)
-        total = value * float(grad_logp[position])
+        log_probs = torch.log_softmax(logits[row].to(torch.float64) / temperature, dim=0)
+        probs = log_probs.exp()
+        row_grad = -probs * float(grad_logp[position])
+        row_grad[token] += float(grad_logp[position])
         if grad_entropy is not None:
-            total = total + ent * float(grad_entropy[position])
-        (grad[row],) = torch.autograd.grad(total, x)
+            row_entropy = -(probs * torch.where(probs > 0, log_probs, 0.0)).sum()
+            term = probs * torch.where(probs > 0, log_probs + row_entropy, 0.0)
+            row_grad -= term * float(grad_entropy[position])
+        grad[row] = row_grad / temperature
     if inplace:
         return logits.copy_(grad)
     return grad.to(logits.dtype)

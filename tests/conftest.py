@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 
 from rlk import config, dispatch
+from rlk_testbackend import FAILING_PLUGINS
 
 RLK_VARIABLES = ("RLK_BACKENDS", "RLK_STRICT", "RLK_PLUGINS", "RLK_DISABLE_PLUGINS",
                  "RLK_STRICT_PLUGINS", "RLK_CHECK_INPUTS", "RLK_TESTBACKEND")
-FAILING_TEST_PLUGINS = os.environ.get("RLK_TEST_DISABLE", "broken,oldapi,badhook,lazyfail")
 
 
 @pytest.fixture
@@ -19,7 +18,7 @@ def fresh_rlk(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
     """A dispatcher rebuilt from a clean environment with the failing test plugins blocked."""
     for name in RLK_VARIABLES:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("RLK_DISABLE_PLUGINS", FAILING_TEST_PLUGINS)
+    monkeypatch.setenv("RLK_DISABLE_PLUGINS", FAILING_PLUGINS)
     dispatch.reset()
     config.reset_check_inputs()
     yield monkeypatch

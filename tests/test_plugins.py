@@ -1,4 +1,4 @@
-"""A third-party backend distribution (tests/plugins/rlk-testbackend), found through entry points."""
+"""A third-party backend distribution (tests/plugins/rlk-testbackend), found by entry points."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 
 import rlk
 from rlk import dispatch
+from rlk_testbackend import FAILING_PLUGINS
 
 
 def _inputs():
@@ -64,14 +65,15 @@ def test_failing_plugins_leave_the_host_working(fresh_rlk):
 
 def test_strict_mode_refuses_the_fallback(fresh_rlk):
     logits, tokens = _inputs()
-    with rlk.use_backends("testbackend", strict=True):
-        with pytest.raises(rlk.BackendUnavailableError) as err:
-            rlk.logp(logits, tokens)
+    with rlk.use_backends("testbackend", strict=True), pytest.raises(
+        rlk.BackendUnavailableError
+    ) as err:
+        rlk.logp(logits, tokens)
     assert "RLK_TESTBACKEND=1" in err.value.reasons["testbackend"]
 
 
 def test_conformance_kit_runs_on_the_third_party_backend(tmp_path):
-    env = dict(os.environ, RLK_TESTBACKEND="1", RLK_DISABLE_PLUGINS="broken,oldapi,badhook,lazyfail")
+    env = dict(os.environ, RLK_TESTBACKEND="1", RLK_DISABLE_PLUGINS=FAILING_PLUGINS)
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "--pyargs", "rlk.testing", "--rlk-backend", "testbackend",
          "-q", "-p", "no:cacheprovider", "-k", "small or ignore or rows or temperature or inf"],

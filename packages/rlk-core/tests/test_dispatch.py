@@ -5,17 +5,17 @@ from __future__ import annotations
 import logging
 from importlib import metadata
 
+import fake_plugins
 import pytest
 import torch
 
-import fake_plugins
 import rlk
 from rlk import dispatch, plugins
 
 
 def _use(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
-    points = [metadata.EntryPoint(name=n, value=f"fake_plugins:{n}", group=plugins.ENTRY_POINT_GROUP)
-              for n in names]
+    group = plugins.ENTRY_POINT_GROUP
+    points = [metadata.EntryPoint(name=n, value=f"fake_plugins:{n}", group=group) for n in names]
     monkeypatch.setattr(plugins, "_entry_points", lambda: points)
     dispatch.reset()
 
@@ -152,9 +152,8 @@ def test_strict_plugins_turns_failures_into_errors(fresh_rlk):
 
 
 def test_use_backends_rejects_bad_names():
-    with pytest.raises(TypeError):
-        with rlk.use_backends(""):
-            pass
+    with pytest.raises(TypeError), rlk.use_backends(""):
+        pass
 
 
 def test_registry_rejects_malformed_registrations(fresh_rlk):
@@ -166,7 +165,7 @@ def test_registry_rejects_malformed_registrations(fresh_rlk):
     registry.add_backend("mine", priority=1)
     with pytest.raises(ValueError, match="unknown op"):
         registry.add_kernel("softmax", "mine", "a:b")
-    with pytest.raises(ValueError, match="package.module:function"):
+    with pytest.raises(ValueError, match=r"package\.module:function"):
         registry.add_kernel("logp", "mine", "no_colon")
     with pytest.raises(ValueError, match="identifier"):
         registry.add_backend("has space")

@@ -100,7 +100,8 @@ class PluginLoader:
         try:
             module = entry_point.load()
         except Exception as exc:
-            self._fail(entry_point.name, dist_name, dist_version, f"import failed: {_describe(exc)}")
+            error = f"import failed: {_describe(exc)}"
+            self._fail(entry_point.name, dist_name, dist_version, error)
             return
         self._register(entry_point.name, module, dist_name, dist_version)
 

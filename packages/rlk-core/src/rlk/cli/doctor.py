@@ -54,7 +54,8 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"  {key:15} {env[key] if env[key] is not None else 'not found'}")
     for gpu in env["gpus"]:
         arch = gpu.get("capability") or gpu.get("arch")
-        lines.append(f"  gpu {gpu['index']:<11} {gpu['name']} ({arch}) driver {gpu.get('driver', '?')}")
+        driver = gpu.get("driver", "?")
+        lines.append(f"  gpu {gpu['index']:<11} {gpu['name']} ({arch}) driver {driver}")
     lines += ["", "Plugins"]
     for plugin in report["plugins"]:
         extra = f": {plugin['error']}" if plugin["error"] else ""

@@ -102,8 +102,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
+    kernel = f" ({result['kernel']})" if result["kernel"] else ""
     print(f"{result['op']} on {result['device']} [{result['dtype']}, shape {shape}]: "
-          f"{result['backend'] or 'NO BACKEND'}" + (f" ({result['kernel']})" if result["kernel"] else ""))
+          f"{result['backend'] or 'NO BACKEND'}{kernel}")
     for name, why in result["rejected"].items():
         print(f"  {name}: {why}")
     return 0 if result["backend"] else 1

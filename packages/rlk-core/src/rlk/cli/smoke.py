@@ -25,7 +25,7 @@ def run(device: torch.device) -> list[dict[str, Any]]:
                 kernel = spec.kernel(sample.args)
                 row["backend"] = kernel.backend
                 outputs = spec.outputs(kernel.forward(**sample.args), sample.args)
-                for got, want in zip(outputs, spec.reference(sample.args)):
+                for got, want in zip(outputs, spec.reference(sample.args), strict=True):
                     assert_matches(name, got, want, spec.tolerances[dtype])
                 row.update(status="pass", detail="")
             except Exception as exc:  # every failure is a finding, never a crash

@@ -1,4 +1,4 @@
-"""`logp` and `logp_entropy`: log-probabilities (and entropy) of tokens under softmax(logits / T)."""
+"""`logp` and `logp_entropy`: log-probabilities and entropy of tokens under softmax(logits / T)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,8 @@ def _check_ranges(tokens: Tensor, vocab: int, ignore_index: int, temperature: Te
                   rows: Tensor | None, num_rows: int) -> None:
     """The opt-in checks that need a device sync (RLK_CHECK_INPUTS=1)."""
     bad = ((tokens < 0) | (tokens >= vocab)) & (tokens != ignore_index)
-    validate.first_bad("tokens", bad, tokens, f"[0, {vocab}) and is not ignore_index={ignore_index}")
+    allowed = f"[0, {vocab}) and is not ignore_index={ignore_index}"
+    validate.first_bad("tokens", bad, tokens, allowed)
     if isinstance(temperature, Tensor):
         bad_t = ~(temperature > 0) | ~torch.isfinite(temperature)
         validate.first_bad("temperature", bad_t, temperature, "(0, inf)")

@@ -69,4 +69,5 @@ class OpSpec:
     def kernel(self, args: Mapping[str, Any]) -> Kernel:
         """The selected backend's kernel for these kernel-level arguments."""
         main = args[self.main_input]
-        return get_dispatcher().kernel_for(self.name, main.device, main.dtype, self.flags(args), args)
+        flags = self.flags(args)
+        return get_dispatcher().kernel_for(self.name, main.device, main.dtype, flags, args)

@@ -11,7 +11,9 @@ def assert_matches(name: str, actual: torch.Tensor, expected: torch.Tensor,
                    tolerance: Tolerance) -> None:
     """Shapes equal, NaN exactly where the reference has NaN, the rest within tolerance."""
     if tuple(actual.shape) != tuple(expected.shape):
-        raise AssertionError(f"{name}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}")
+        raise AssertionError(
+            f"{name}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
+        )
     got = actual.detach().to("cpu", torch.float64)
     want = expected.detach().to("cpu", torch.float64)
     got_nan, want_nan = torch.isnan(got), torch.isnan(want)

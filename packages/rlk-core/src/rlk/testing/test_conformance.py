@@ -48,7 +48,7 @@ def test_forward_matches_reference(rlk_case: Case) -> None:
     actual = spec.outputs(result, args)
     assert len(actual) == len(expected), f"{len(actual)} outputs, reference has {len(expected)}"
     tolerance = spec.tolerances[rlk_case.dtype]
-    for index, (got, want) in enumerate(zip(actual, expected)):
+    for index, (got, want) in enumerate(zip(actual, expected, strict=True)):
         assert_matches(f"{spec.name} output {index}", got, want, tolerance)
     for key, value in pristine.items():
         if isinstance(value, torch.Tensor) and not key.startswith("out"):
@@ -95,6 +95,6 @@ def test_batch_invariance(rlk_case: Case) -> None:
         part_args = spec.batch_slice(_clone(args), start, stop)
         assert part_args is not None
         part = spec.outputs(rlk_case.kernel.forward(**part_args), part_args)
-        for index, (whole, piece) in enumerate(zip(full, part)):
+        for index, (whole, piece) in enumerate(zip(full, part, strict=True)):
             assert_bitwise_equal(f"output {index} rows [{start}, {stop})", piece,
                                  whole[start:stop])

@@ -10,12 +10,11 @@ import math
 
 import pytest
 import torch
+from flashinfer_stats import chi_square, chi_square_critical, truncated_reference
 
 import rlk
 from rlk_flashinfer.probe import probe
 from rlk_flashinfer.sampler import sample
-
-from conftest import chi_square, chi_square_critical, truncated_reference
 
 pytestmark = pytest.mark.gpu
 

@@ -6,13 +6,13 @@ import math
 
 import pytest
 import torch
+from flashinfer_stats import chi_square, chi_square_critical, truncated_reference
 
 import rlk
 from rlk_flashinfer import sampler
 from rlk_flashinfer.sampler import sample
 from rlk_flashinfer.seeds import SLOTS, split_seed
 
-from conftest import chi_square, chi_square_critical, truncated_reference
 from fake_flashinfer import FakeFlashInfer
 
 

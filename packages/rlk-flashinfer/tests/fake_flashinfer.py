@@ -41,11 +41,6 @@ class FakeFlashInfer:
         package.sampling = sampling  # type: ignore[attr-defined]
         return package, sampling
 
-    def install(self) -> None:
-        package, sampling = self.module()
-        sys.modules["flashinfer"] = package
-        sys.modules["flashinfer.sampling"] = sampling
-
     def _log(self, name: str, *args: Any, **kwargs: Any) -> None:
         self.calls.append(Call(name, args, kwargs))
 

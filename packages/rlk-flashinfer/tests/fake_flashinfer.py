@@ -8,7 +8,6 @@ would on the GPU.
 
 from __future__ import annotations
 
-import sys
 import types
 from dataclasses import dataclass, field
 from typing import Any

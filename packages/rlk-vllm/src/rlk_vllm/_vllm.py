@@ -18,7 +18,10 @@ class VLLMNotInstalledError(ImportError):
 
 def vllm_available() -> bool:
     """Whether vLLM is installed, answered from package metadata without importing it."""
-    return importlib.util.find_spec("vllm") is not None
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):  # a broken or half-removed install
+        return False
 
 
 def require_vllm(feature: str = "this feature", module: str = "vllm") -> ModuleType:

@@ -160,7 +160,7 @@ def logprob_parity(
         max_abs=float(absd.max()),
         mean_abs=float(absd.mean()),
         mean=float(delta.mean()),
-        frac_above={float(t): float((absd > t).float().mean()) for t in thresholds},
+        frac_above={float(t): int((absd > t).sum()) / count for t in thresholds},
         worst=(worst_flat // width, worst_flat % width),
         diff=diff.reshape(batch.completion_ids.shape),
         trainer_logp=full_trainer.reshape(batch.completion_ids.shape),

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from fake_flashinfer import FakeFlashInfer  # noqa: E402
+from fake_flashinfer import FakeFlashInfer
 
 
 @pytest.fixture

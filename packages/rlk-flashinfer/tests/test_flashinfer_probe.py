@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from fake_flashinfer import FakeFlashInfer
 
 from rlk_flashinfer import library, probe
-
-from fake_flashinfer import FakeFlashInfer
 
 CUDA = torch.device("cuda", 0)
 

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
+from fake_flashinfer import FakeFlashInfer
 from flashinfer_stats import chi_square, chi_square_critical, truncated_reference
 
 import rlk
 from rlk_flashinfer import sampler
 from rlk_flashinfer.sampler import sample
 from rlk_flashinfer.seeds import SLOTS, split_seed
-
-from fake_flashinfer import FakeFlashInfer
 
 
 def _logits(batch: int, vocab: int, seed: int = 0, dtype: torch.dtype = torch.float32):
@@ -229,8 +229,10 @@ def test_launches_group_rows_by_key(fake: FakeFlashInfer):
     ],
 )
 def test_bad_arguments_are_refused_with_both_values(fake: FakeFlashInfer, change, error, message):
-    arguments = {"logits": torch.randn(4, 5), "temperature": 1.0, "top_k": 0, "top_p": 1.0,
-                 "min_p": 0.0, "seeds": torch.zeros(4, dtype=torch.int64)}
+    arguments: dict[str, Any] = {
+        "logits": torch.randn(4, 5), "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+        "min_p": 0.0, "seeds": torch.zeros(4, dtype=torch.int64),
+    }
     arguments.update(change)
     with pytest.raises(error, match=message):
         sample(**arguments)

@@ -23,7 +23,7 @@ def test_split_is_injective_on_a_sample():
 def test_plan_places_every_row_once_at_its_slot_under_its_key():
     generator = random.Random(1)
     seeds = [generator.randrange(-(2**63), 2**63) for _ in range(50)]
-    seeds += list(range(1000, 1100)) + [7, 7, 7, -3, -3]
+    seeds += [*list(range(1000, 1100)), 7, 7, 7, -3, -3]
     launches = plan_launches(seeds)
     placed = sorted(row for launch in launches for row in launch.rows)
     assert placed == list(range(len(seeds)))

@@ -38,7 +38,7 @@ def sample(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One token per row; returns (tokens int64 [B], logp f32 [B], processed_logp f32 [B])."""
     check_arguments(logits, temperature, top_k, top_p, min_p, seeds)
-    batch, vocab = logits.shape
+    batch, _vocab = logits.shape
     tokens = torch.full((batch,), -1, dtype=torch.int64, device=logits.device)
     processed = torch.full((batch,), math.nan, dtype=torch.float32, device=logits.device)
     if batch > 0:

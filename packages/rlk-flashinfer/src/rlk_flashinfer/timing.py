@@ -37,8 +37,8 @@ def median_ms(run: Callable[[], object], repeats: int = 20, warmup: int = 3) -> 
         run()
     times = []
     for _ in range(repeats):
-        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        stop = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        start = torch.cuda.Event(enable_timing=True)
+        stop = torch.cuda.Event(enable_timing=True)
         start.record()
         run()
         stop.record()

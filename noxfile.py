@@ -1,0 +1,71 @@
+"""One session per concern. `nox -s tests` is what the README's test command runs.
+
+Every session builds its own virtualenv from scratch-capable steps, so a fresh
+machine needs nothing but Python and the toolchains named in each session.
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["lint", "tests", "docs", "build-cuda"]
+
+TORCH = os.environ.get("RLK_TORCH", "torch==2.13.0")
+CORE = "packages/rlk-core"
+PURE_PLUGINS = ["packages/rlk-flashinfer", "packages/rlk-vllm"]
+TEST_BACKEND = "tests/plugins/rlk-testbackend"
+FAILING_TEST_PLUGINS = "broken,oldapi,badhook,lazyfail"
+STRICT_ENV = {"RLK_STRICT_PLUGINS": "1", "RLK_DISABLE_PLUGINS": FAILING_TEST_PLUGINS}
+
+
+def _install_core(session: nox.Session, extras: str = "") -> None:
+    session.install(TORCH)
+    session.install("-e", f"{CORE}{extras}")
+
+
+@nox.session
+def main(session: nox.Session) -> None:
+    """The main job: the GRPO example on CPU, then the doctor."""
+    _install_core(session)
+    session.run("python", "examples/logp_demo.py")
+    session.run("rlk-core", "doctor")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Every CPU test: core, plugins through entry points, the conformance kit on native."""
+    _install_core(session, "[dev]")
+    session.install("-e", TEST_BACKEND, *[arg for p in PURE_PLUGINS for arg in ("-e", p)])
+    session.run("python", "-m", "pytest", "packages/rlk-core/tests", "tests",
+                *[f"{p}/tests" for p in PURE_PLUGINS], *session.posargs, env=STRICT_ENV)
+    session.run("python", "-m", "pytest", "--pyargs", "rlk.testing", "--rlk-backend", "native",
+                "-q", env=STRICT_ENV)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over the tree, mypy over every package's sources."""
+    _install_core(session, "[dev]")
+    session.install(*[arg for p in PURE_PLUGINS for arg in ("-e", p)])
+    session.run("ruff", "check", ".")
+    session.run("mypy", "packages/rlk-core/src", *[f"{p}/src" for p in PURE_PLUGINS])
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site, strict: a broken link or a missing page fails."""
+    session.install("-r", "docs/requirements.txt")
+    session.run("mkdocs", "build", "--strict", "-f", "mkdocs.yml", "-d",
+                os.path.join(session.create_tmp(), "site"))
+
+
+@nox.session(name="build-cuda")
+def build_cuda(session: nox.Session) -> None:
+    """Compile rlk-cuda with nvcc (no GPU needed) and run its CPU tests."""
+    _install_core(session, "[dev]")
+    session.install("-v", "packages/rlk-cuda", env={"RLK_REQUIRE_EXT": "1"})
+    session.run("python", "-m", "pytest", "packages/rlk-cuda/tests", "-q", env=STRICT_ENV)

@@ -121,7 +121,7 @@ def test_out_of_range_token_gives_nan_and_check_inputs_raises(fresh_rlk):
         ({"bias": torch.zeros(29)}, ValueError, r"bias must have shape \(30,\)"),
         ({"temperature": 0.0}, ValueError, "temperature must be finite and > 0"),
         ({"temperature": torch.ones(3)}, ValueError, r"temperature must have shape \(4,\)"),
-        ({"group": "world"}, TypeError, "group must be a torch.distributed.ProcessGroup"),
+        ({"group": "world"}, TypeError, r"group must be a torch\.distributed\.ProcessGroup"),
         ({"ignore_index": 1.5}, TypeError, "ignore_index must be an int"),
     ],
 )
@@ -141,15 +141,15 @@ def test_torch_compile_fullgraph_forward_and_backward():
         logp, entropy = rlk.linear_logp_entropy(h, w, tokens, bias=b, temperature=0.9)
         return (logp * 2.0 - 0.1 * entropy).sum()
 
-    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(loss, fullgraph=True)
     eager_leaves, compiled_leaves = _leaves(hidden, weight, bias), _leaves(hidden, weight, bias)
     eager_value = loss(*eager_leaves)
     eager_value.backward()
     compiled_value = compiled(*compiled_leaves)
     compiled_value.backward()
-    _close(compiled_value, eager_value, atol=0, rtol=0)
-    for eager_leaf, compiled_leaf in zip(eager_leaves, compiled_leaves):
-        _close(compiled_leaf.grad, eager_leaf.grad, atol=0, rtol=0)
+    _close(compiled_value, eager_value, atol=1e-5, rtol=1e-6)
+    for eager_leaf, compiled_leaf in zip(eager_leaves, compiled_leaves, strict=True):
+        _close(compiled_leaf.grad, eager_leaf.grad, atol=1e-6, rtol=1e-6)
 
 
 def test_opcheck_with_per_row_temperature_and_grad_of_all_three():

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from rlk import distributed
 from rlk.config import check_inputs
 from rlk.dispatch import use_backends
 from rlk.errors import BackendUnavailableError, PluginError
 from rlk.introspect import BackendInfo, backends, explain
+from rlk.ops.linear_logp import linear_logp, linear_logp_entropy
 from rlk.ops.logp import logp, logp_entropy
 from rlk.plugins import PLUGIN_API_VERSION, hookimpl
 
@@ -23,8 +25,11 @@ __all__ = [
     "__version__",
     "backends",
     "check_inputs",
+    "distributed",
     "explain",
     "hookimpl",
+    "linear_logp",
+    "linear_logp_entropy",
     "logp",
     "logp_entropy",
     "use_backends",

@@ -63,3 +63,46 @@ def logp_entropy_grad(
         total = total + (entropy * grad_entropy.to(torch.float64)).sum()
     (grad,) = torch.autograd.grad(total, x)
     return grad
+
+
+def linear_logp_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    tokens: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float | torch.Tensor = 1.0,
+    ignore_index: int = -100,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`logp_entropy` of the float64 logits hidden @ weight.T + bias."""
+    logits = hidden.to(torch.float64) @ weight.to(torch.float64).t()
+    if bias is not None:
+        logits = logits + bias.to(torch.float64)
+    return logp_entropy(logits, tokens, temperature=temperature, ignore_index=ignore_index)
+
+
+def linear_logp_entropy_grad(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    tokens: torch.Tensor,
+    grad_logp: torch.Tensor,
+    grad_entropy: torch.Tensor | None,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float | torch.Tensor = 1.0,
+    ignore_index: int = -100,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Float64 gradients of sum(grad_logp * logp + grad_entropy * entropy) w.r.t.
+    (hidden, weight, bias); the bias gradient is None without a bias."""
+    hidden64, weight64 = (t.detach().to(torch.float64).requires_grad_(True)
+                          for t in (hidden, weight))
+    bias64 = None if bias is None else bias.detach().to(torch.float64).requires_grad_(True)
+    logp, entropy = linear_logp_entropy(hidden64, weight64, tokens, bias=bias64,
+                                        temperature=temperature, ignore_index=ignore_index)
+    total = (logp * grad_logp.to(torch.float64)).sum()
+    if grad_entropy is not None:
+        total = total + (entropy * grad_entropy.to(torch.float64)).sum()
+    inputs = [hidden64, weight64] + ([] if bias64 is None else [bias64])
+    grads = torch.autograd.grad(total, inputs, allow_unused=True)
+    zero = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs, strict=True)]
+    return zero[0], zero[1], (zero[2] if bias64 is not None else None)

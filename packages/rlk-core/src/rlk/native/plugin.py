@@ -30,3 +30,7 @@ def rlk_register(registry: Registry) -> None:
         registry.add_kernel(op, "native", "rlk.native.logp:forward",
                             backward="rlk.native.logp:backward",
                             devices=_EVERY_DEVICE, dtypes=FLOATS)
+    for op in ("linear_logp", "linear_logp_entropy"):
+        registry.add_kernel(op, "native", "rlk.native.linear_logp:forward",
+                            backward="rlk.native.linear_logp:backward",
+                            devices=_EVERY_DEVICE, dtypes=FLOATS)

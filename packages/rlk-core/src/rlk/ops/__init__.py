@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlk.ops.spec import OpSpec
+
 OP_NAMES = (
     "logp",
     "logp_entropy",
@@ -13,9 +18,9 @@ OP_NAMES = (
 )
 
 
-def specs() -> dict[str, object]:
+def specs() -> dict[str, OpSpec]:
     """Every op's spec, by name (imports the op modules, which registers the torch ops)."""
-    from rlk.ops import logp
+    from rlk.ops import linear_logp, logp
 
-    found = {spec.name: spec for spec in logp.SPECS}
+    found = {spec.name: spec for module in (logp, linear_logp) for spec in module.SPECS}
     return found

@@ -1,0 +1,142 @@
+"""Native linear_logp: logits one row chunk at a time, fed to the selected logp kernels.
+
+The [N, V] logits never exist: each chunk of rows is multiplied out, handed to the
+logp kernel the dispatcher picks for it (so a GPU backend's fused logp serves this
+path too), and dropped. The backward recomputes the chunk's logits, turns them into
+the logits gradient in place, and folds it into the hidden, weight and bias
+gradients (weight and bias accumulate in float32 across chunks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from rlk import distributed
+from rlk.native.chunks import rows_per_chunk
+
+Temperature = float | Tensor
+# Chunk-sized buffers alive at once, in float32 widths: the logits chunk, the logp
+# kernel's three temporaries, and the float32 copy of a reduced-precision gradient.
+_LIVE = 5
+
+
+def _chunks(rows: int, width: int) -> Iterator[tuple[int, int]]:
+    step = rows_per_chunk(width, _LIVE)
+    for start in range(0, rows, step):
+        yield start, min(rows, start + step)
+
+
+def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, pad: bool) -> Tensor:
+    """hidden @ weight.T + bias in the inputs' dtype; with `pad`, one more column of -inf."""
+    width = weight.shape[0] + (1 if pad else 0)
+    out = hidden.new_empty(hidden.shape[0], width)
+    view = out[:, : weight.shape[0]]
+    if bias is None:
+        torch.mm(hidden, weight.t(), out=view)
+    else:
+        torch.addmm(bias, hidden, weight.t(), out=view)
+    if pad:
+        out[:, -1] = -torch.inf
+    return out
+
+
+def _slice(temperature: Temperature, start: int, stop: int) -> Temperature:
+    return temperature[start:stop] if isinstance(temperature, Tensor) else temperature
+
+
+def _logp_kernel(logits: Tensor, tokens: Tensor, temperature: Temperature, ignore_index: int,
+                 with_entropy: bool) -> Any:
+    """The logp kernel the dispatcher selects for a chunk like this one."""
+    from rlk.ops.logp import LOGP, LOGP_ENTROPY
+
+    args = {"logits": logits, "tokens": tokens, "temperature": temperature,
+            "ignore_index": ignore_index, "rows": None, "out": None,
+            "with_entropy": with_entropy}
+    return (LOGP_ENTROPY if with_entropy else LOGP).kernel(args)
+
+
+def forward(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
+            temperature: Temperature, ignore_index: int, with_entropy: bool,
+            group: dist.ProcessGroup | None) -> tuple[Tensor, Tensor | None, Tensor]:
+    rows = hidden.shape[0]
+    shard = None if group is None else distributed.layout(weight.shape[0], group, hidden.device)
+    owned = None
+    codes, kernel_ignore = tokens, ignore_index
+    if shard is not None:
+        codes, owned = distributed.forward_tokens(tokens, shard)
+        kernel_ignore = distributed.KERNEL_IGNORE
+    options: dict[str, Any] = {"dtype": torch.float32, "device": hidden.device}
+    logp, lse = torch.empty(rows, **options), torch.empty(rows, **options)
+    entropy = torch.empty(rows, **options) if with_entropy else None
+    kernel = None
+    for start, stop in _chunks(rows, weight.shape[0]):
+        logits = _logits(hidden[start:stop], weight, bias, pad=False)
+        temp = _slice(temperature, start, stop)
+        kernel = kernel or _logp_kernel(logits, codes[start:stop], temp, kernel_ignore,
+                                        with_entropy)
+        part_logp, part_entropy, part_lse = kernel.forward(
+            logits, codes[start:stop], temp, kernel_ignore, None, None, with_entropy
+        )
+        logp[start:stop], lse[start:stop] = part_logp, part_lse
+        if entropy is not None and part_entropy is not None:
+            entropy[start:stop] = part_entropy
+    if shard is None or group is None or owned is None:
+        return logp, entropy, lse
+    return distributed.merge(lse, entropy, logp, owned, tokens, shard, ignore_index, group)
+
+
+def backward(grad_logp: Tensor, grad_entropy: Tensor | None, hidden: Tensor, weight: Tensor,
+             tokens: Tensor, bias: Tensor | None, temperature: Temperature, ignore_index: int,
+             group: dist.ProcessGroup | None, lse: Tensor, entropy: Tensor | None,
+             needs_input_grad: tuple[bool, bool, bool]) -> tuple[Tensor | None, ...]:
+    need_hidden, need_weight, need_bias = needs_input_grad
+    need_bias = need_bias and bias is not None
+    rows, vocab = hidden.shape[0], weight.shape[0]
+    sharded = group is not None
+    codes, kernel_ignore = tokens, ignore_index
+    if group is not None:
+        shard = distributed.layout(vocab, group, hidden.device)
+        codes = distributed.backward_tokens(tokens, shard, ignore_index)
+        kernel_ignore = distributed.KERNEL_IGNORE
+    # a sharded hidden gradient is summed over ranks: keep it in float32 until then
+    hidden_dtype = torch.float32 if sharded else hidden.dtype
+    grad_hidden = torch.empty(hidden.shape, dtype=hidden_dtype, device=hidden.device) \
+        if need_hidden else None
+    grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
+        if need_weight else None
+    grad_bias = torch.zeros(vocab, dtype=torch.float32, device=weight.device) \
+        if need_bias else None
+    kernel = None
+    for start, stop in _chunks(rows, vocab + int(sharded)):
+        chunk = hidden[start:stop]
+        logits = _logits(chunk, weight, bias, pad=sharded)
+        temp = _slice(temperature, start, stop)
+        chunk_entropy = None if entropy is None else entropy[start:stop]
+        kernel = kernel or _logp_kernel(logits, codes[start:stop], temp, kernel_ignore,
+                                        entropy is not None)
+        grad_logits = kernel.backward(
+            grad_logp[start:stop], None if grad_entropy is None else grad_entropy[start:stop],
+            logits, codes[start:stop], temp, kernel_ignore, None, lse[start:stop],
+            chunk_entropy, True,
+        )[:, :vocab]
+        if grad_hidden is not None:
+            grad_hidden[start:stop] = grad_logits @ weight
+        if grad_weight is not None:
+            wide = grad_logits if grad_logits.dtype == torch.float32 else grad_logits.float()
+            wide_hidden = chunk if chunk.dtype == torch.float32 else chunk.float()
+            grad_weight.addmm_(wide.t(), wide_hidden)
+        if grad_bias is not None:
+            grad_bias += grad_logits.sum(dim=0, dtype=torch.float32)
+    if grad_hidden is not None and group is not None:
+        dist.all_reduce(grad_hidden, op=dist.ReduceOp.SUM, group=group)
+        grad_hidden = grad_hidden.to(hidden.dtype)
+    return (
+        grad_hidden,
+        None if grad_weight is None else grad_weight.to(weight.dtype),
+        None if grad_bias is None or bias is None else grad_bias.to(bias.dtype),
+    )

@@ -1,0 +1,439 @@
+"""`linear_logp` and `linear_logp_entropy`: logp of `hidden @ weight.T + bias` without the logits.
+
+The LM head and the log-softmax fused: backends never hold the `[N, V]` logits at
+once, so the extra memory is O(N) plus one chunk, whatever the vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlk import config, distributed, reference
+from rlk.ops import validate
+from rlk.ops.spec import GradCase, OpSpec, Sample, Tolerance
+from rlk.registry import Kernel
+
+Temperature = float | Tensor
+
+
+# ---------------------------------------------------------------------------
+# argument checking: public arguments -> kernel-level arguments
+
+
+def _prepare(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
+             temperature: Temperature, ignore_index: int,
+             group: Any) -> tuple[dict[str, Any], tuple[int, ...]]:
+    """Validate public arguments; return flattened kernel arguments and the output shape."""
+    validate.tensor("hidden", hidden, validate.FLOATS)
+    validate.tensor("weight", weight, validate.FLOATS)
+    validate.tensor("tokens", tokens, validate.INDICES)
+    if hidden.dim() < 1:
+        raise ValueError("hidden must be [..., H]; got a 0-d tensor")
+    if weight.dim() != 2 or weight.shape[0] < 1:
+        raise ValueError(f"weight must be [V, H] with V >= 1; got shape {tuple(weight.shape)}")
+    width = hidden.shape[-1]
+    if weight.shape[1] != width:
+        raise ValueError(f"weight must be [V, {width}] (H from hidden); "
+                         f"got shape {tuple(weight.shape)}")
+    if weight.dtype != hidden.dtype:
+        raise TypeError(f"weight must have the dtype of hidden ({hidden.dtype}); "
+                        f"got {weight.dtype}")
+    lead = tuple(hidden.shape[:-1])
+    validate.shape("tokens", tokens, lead, " (the leading dimensions of hidden)")
+    for name, value in (("weight", weight), ("tokens", tokens)):
+        validate.same_device(name, value, hidden, "hidden")
+    if bias is not None:
+        validate.tensor("bias", bias, validate.FLOATS)
+        validate.shape("bias", bias, (weight.shape[0],), " (one per row of weight)")
+        if bias.dtype != hidden.dtype:
+            raise TypeError(f"bias must have the dtype of hidden ({hidden.dtype}); "
+                            f"got {bias.dtype}")
+        validate.same_device("bias", bias, hidden, "hidden")
+    validate.integer("ignore_index", ignore_index)
+    distributed.group_name(group)
+    temp: Temperature
+    if isinstance(temperature, Tensor):
+        validate.tensor("temperature", temperature, validate.FLOATS)
+        validate.shape("temperature", temperature, lead, " (one per row of hidden)")
+        validate.same_device("temperature", temperature, hidden, "hidden")
+        temp = temperature.reshape(-1).to(torch.float32)
+    else:
+        temp = validate.positive_scalar("temperature", temperature)
+    flat_tokens = tokens.reshape(-1).to(torch.int64)
+    if config.checking_inputs():
+        _check_ranges(flat_tokens, weight, ignore_index, temp, group)
+    args = {
+        "hidden": hidden.reshape(-1, width),
+        "weight": weight,
+        "tokens": flat_tokens,
+        "bias": bias,
+        "temperature": temp,
+        "ignore_index": ignore_index,
+        "group": group,
+    }
+    return args, lead
+
+
+def _check_ranges(tokens: Tensor, weight: Tensor, ignore_index: int, temperature: Temperature,
+                  group: Any) -> None:
+    """The opt-in checks that need a device sync (RLK_CHECK_INPUTS=1)."""
+    total = weight.shape[0]
+    if group is not None:
+        total = distributed.layout(weight.shape[0], group, weight.device).total
+    distributed.check_tokens(tokens, total, ignore_index)
+    if isinstance(temperature, Tensor):
+        bad = ~(temperature > 0) | ~torch.isfinite(temperature)
+        validate.first_bad("temperature", bad, temperature, "(0, inf)")
+
+
+def _flags(args: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (
+        args.get("with_entropy", False),
+        args.get("bias") is not None,
+        args.get("group") is not None,
+        isinstance(args["temperature"], Tensor),
+    )
+
+
+def _split_temperature(temperature: Temperature) -> tuple[Tensor | None, float]:
+    if isinstance(temperature, Tensor):
+        return temperature, 1.0
+    return None, float(temperature)
+
+
+def _kernel_args(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
+                 temperature: Tensor | None, value: float, ignore_index: int, group: str,
+                 with_entropy: bool) -> dict[str, Any]:
+    return {
+        "hidden": hidden,
+        "weight": weight,
+        "tokens": tokens,
+        "bias": bias,
+        "temperature": value if temperature is None else temperature,
+        "ignore_index": ignore_index,
+        "with_entropy": with_entropy,
+        "group": distributed.resolve(group),
+    }
+
+
+def _spec_for(with_entropy: bool) -> OpSpec:
+    return LINEAR_LOGP_ENTROPY if with_entropy else LINEAR_LOGP
+
+
+# ---------------------------------------------------------------------------
+# torch operators: what torch.compile and autograd see
+
+
+@torch.library.custom_op("rlk::linear_logp", mutates_args=())
+def _linear_logp_op(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
+                    temperature: Tensor | None, temperature_value: float, ignore_index: int,
+                    group: str) -> tuple[Tensor, Tensor]:
+    args = _kernel_args(hidden, weight, tokens, bias, temperature, temperature_value,
+                        ignore_index, group, False)
+    logp, _, lse = LINEAR_LOGP.kernel(args).forward(**args)
+    return logp, lse
+
+
+@torch.library.custom_op("rlk::linear_logp_entropy", mutates_args=())
+def _linear_logp_entropy_op(hidden: Tensor, weight: Tensor, tokens: Tensor,
+                            bias: Tensor | None, temperature: Tensor | None,
+                            temperature_value: float, ignore_index: int,
+                            group: str) -> tuple[Tensor, Tensor, Tensor]:
+    args = _kernel_args(hidden, weight, tokens, bias, temperature, temperature_value,
+                        ignore_index, group, True)
+    logp, entropy, lse = LINEAR_LOGP_ENTROPY.kernel(args).forward(**args)
+    assert entropy is not None
+    return logp, entropy, lse
+
+
+@torch.library.custom_op("rlk::linear_logp_backward", mutates_args=())
+def _linear_logp_backward_op(
+    grad_logp: Tensor, grad_entropy: Tensor | None, hidden: Tensor, weight: Tensor,
+    tokens: Tensor, bias: Tensor | None, temperature: Tensor | None, temperature_value: float,
+    ignore_index: int, group: str, lse: Tensor, entropy: Tensor | None, need_hidden: bool,
+    need_weight: bool, need_bias: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients to (hidden, weight, bias); one not asked for comes back empty."""
+    with_entropy = entropy is not None
+    args = _kernel_args(hidden, weight, tokens, bias, temperature, temperature_value,
+                        ignore_index, group, with_entropy)
+    kernel = _spec_for(with_entropy).kernel(args)
+    grads = kernel.backward(
+        grad_logp.contiguous(), None if grad_entropy is None else grad_entropy.contiguous(),
+        hidden, weight, tokens, bias, args["temperature"], ignore_index, args["group"], lse,
+        entropy, (need_hidden, need_weight, need_bias),
+    )
+    return tuple(  # type: ignore[return-value]
+        hidden.new_empty(0) if grad is None else grad for grad in grads
+    )
+
+
+@_linear_logp_op.register_fake
+def _(hidden, weight, tokens, bias, temperature, temperature_value, ignore_index, group):
+    return tuple(hidden.new_empty(hidden.shape[0], dtype=torch.float32) for _ in range(2))
+
+
+@_linear_logp_entropy_op.register_fake
+def _(hidden, weight, tokens, bias, temperature, temperature_value, ignore_index, group):
+    return tuple(hidden.new_empty(hidden.shape[0], dtype=torch.float32) for _ in range(3))
+
+
+@_linear_logp_backward_op.register_fake
+def _(grad_logp, grad_entropy, hidden, weight, tokens, bias, temperature, temperature_value,
+      ignore_index, group, lse, entropy, need_hidden, need_weight, need_bias):
+    return (
+        torch.empty_like(hidden) if need_hidden else hidden.new_empty(0),
+        torch.empty_like(weight) if need_weight else hidden.new_empty(0),
+        torch.empty_like(bias) if need_bias and bias is not None else hidden.new_empty(0),
+    )
+
+
+def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
+    hidden, weight, tokens, bias, temperature, temperature_value, ignore_index, group = inputs
+    entropy = output[1] if len(output) == 3 else None
+    ctx.save_for_backward(hidden, weight, tokens, bias, temperature, output[-1], entropy)
+    ctx.options = (temperature_value, ignore_index, group)
+
+
+def _backward(ctx: Any, grad_logp: Tensor, grad_entropy: Tensor | None) -> tuple[Any, ...]:
+    hidden, weight, tokens, bias, temperature, lse, entropy = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    need_bias = bool(need[3]) and bias is not None
+    grad_hidden, grad_weight, grad_bias = _linear_logp_backward_op(
+        grad_logp, grad_entropy, hidden, weight, tokens, bias, temperature, *ctx.options, lse,
+        entropy, bool(need[0]), bool(need[1]), need_bias,
+    )
+    return (grad_hidden if need[0] else None, grad_weight if need[1] else None, None,
+            grad_bias if need_bias else None, None, None, None, None)
+
+
+def _logp_grad(ctx: Any, grad_logp: Tensor, grad_lse: Tensor) -> tuple[Any, ...]:
+    return _backward(ctx, grad_logp, None)
+
+
+def _logp_entropy_grad(ctx: Any, grad_logp: Tensor, grad_entropy: Tensor,
+                       grad_lse: Tensor) -> tuple[Any, ...]:
+    return _backward(ctx, grad_logp, grad_entropy)
+
+
+_linear_logp_op.register_autograd(_logp_grad, setup_context=_setup)
+_linear_logp_entropy_op.register_autograd(_logp_entropy_grad, setup_context=_setup)
+
+
+# ---------------------------------------------------------------------------
+# public functions
+
+
+def _op_args(args: Mapping[str, Any]) -> tuple[Any, ...]:
+    temp, value = _split_temperature(args["temperature"])
+    return (args["hidden"], args["weight"], args["tokens"], args["bias"], temp, value,
+            args["ignore_index"], distributed.group_name(args["group"]))
+
+
+def linear_logp(
+    hidden: Tensor,
+    weight: Tensor,
+    tokens: Tensor,
+    *,
+    bias: Tensor | None = None,
+    temperature: Temperature = 1.0,
+    ignore_index: int = -100,
+    group: Any = None,
+) -> Tensor:
+    """`logp(hidden @ weight.T + bias, tokens)` without materialising the `[N, V]` logits.
+
+    hidden `[..., H]`, weight `[V, H]` and bias `[V]` share one floating dtype;
+    tokens `[...]`. Differentiable w.r.t. hidden, weight and bias. With `group`,
+    `weight` (and `bias`) hold this rank's contiguous slice of the vocabulary (rank
+    order) and tokens are global ids: the result equals the unsharded op.
+    """
+    args, shape = _prepare(hidden, weight, tokens, bias, temperature, ignore_index, group)
+    result, _ = _linear_logp_op(*_op_args(args))
+    return result.view(shape)
+
+
+def linear_logp_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    tokens: Tensor,
+    *,
+    bias: Tensor | None = None,
+    temperature: Temperature = 1.0,
+    ignore_index: int = -100,
+    group: Any = None,
+) -> tuple[Tensor, Tensor]:
+    """`linear_logp` plus the entropy of softmax(logits / T), both differentiable."""
+    args, shape = _prepare(hidden, weight, tokens, bias, temperature, ignore_index, group)
+    result, entropy, _ = _linear_logp_entropy_op(*_op_args(args))
+    return result.view(shape), entropy.view(shape)
+
+
+# ---------------------------------------------------------------------------
+# conformance samples and the specs
+
+
+def _samples(with_entropy: bool):
+    def samples(device: torch.device, dtype: torch.dtype) -> Iterator[Sample]:
+        gen = torch.Generator().manual_seed(4321)
+
+        def randn(*size: int, scale: float = 1.0) -> Tensor:
+            values = torch.randn(*size, generator=gen) * scale
+            return values.to(device=device, dtype=dtype)
+
+        def case(name: str, rows: int, width: int, vocab: int, check_backward: bool = True,
+                 bias: bool = False, **extra: Any) -> Sample:
+            args = {
+                "hidden": randn(rows, width),
+                "weight": randn(vocab, width, scale=2.0 / width**0.5),
+                "tokens": torch.randint(0, vocab, (rows,), generator=gen).to(device),
+                "bias": randn(vocab) if bias else None,
+                "temperature": 1.0,
+                "ignore_index": -100,
+                "with_entropy": with_entropy,
+                "group": None,
+            }
+            args.update(extra)
+            return Sample(name, args, check_backward)
+
+        yield case("small", 5, 8, 11)
+        yield case("bias", 6, 16, 37, bias=True)
+        yield case("vocab-one", 3, 4, 1, bias=True)
+        yield case("wide", 9, 24, 1500)
+        yield case("temperature", 6, 8, 40, temperature=0.6)
+        sample = case("per-row-temperature", 6, 8, 33, bias=True)
+        sample.args["temperature"] = torch.rand(6, generator=gen).to(device) * 1.5 + 0.25
+        yield sample
+        sample = case("ignore-index", 8, 8, 20)
+        sample.args["tokens"][[0, 6]] = -100
+        yield sample
+        sample = case("ignore-index-custom", 5, 8, 20, ignore_index=4)
+        sample.args["tokens"][3] = 4
+        yield sample
+        sample = case("out-of-range", 5, 8, 20, check_backward=False)
+        sample.args["tokens"][[1, 3]] = torch.tensor([20, -3], device=device)
+        yield sample
+        sample = case("nan-row", 4, 8, 20, check_backward=False)
+        sample.args["hidden"][2, 5] = float("nan")
+        yield sample
+        sample = case("partial-neg-inf", 5, 8, 20, bias=True)
+        sample.args["bias"][:7] = float("-inf")
+        sample.args["tokens"] = torch.randint(7, 20, (5,), generator=gen).to(device)
+        yield sample
+        sample = case("non-contiguous", 6, 8, 30)
+        sample.args["hidden"] = randn(8, 6).t()
+        sample.args["weight"] = randn(30, 16, scale=0.5)[:, ::2]
+        yield sample
+        yield case("empty", 0, 8, 12)
+
+    return samples
+
+
+def _public_prepare(with_entropy: bool):
+    def prepare(hidden: Tensor, weight: Tensor, tokens: Tensor, *, bias: Tensor | None = None,
+                temperature: Temperature = 1.0, ignore_index: int = -100,
+                group: Any = None) -> dict[str, Any]:
+        args, _ = _prepare(hidden, weight, tokens, bias, temperature, ignore_index, group)
+        args["with_entropy"] = with_entropy
+        return args
+
+    return prepare
+
+
+def _reference(args: Mapping[str, Any]) -> tuple[Tensor, ...]:
+    logp, entropy = reference.linear_logp_entropy(
+        args["hidden"], args["weight"], args["tokens"], bias=args["bias"],
+        temperature=args["temperature"], ignore_index=args["ignore_index"],
+    )
+    return (logp, entropy) if args["with_entropy"] else (logp,)
+
+
+def _outputs(result: Any, args: Mapping[str, Any]) -> tuple[Tensor, ...]:
+    logp, entropy, _ = result
+    return (logp, entropy) if args["with_entropy"] else (logp,)
+
+
+def _grad_check(kernel: Kernel, args: dict[str, Any], gen: torch.Generator) -> Iterator[GradCase]:
+    """The kernel's backward to hidden, weight and bias against float64 autograd."""
+    rows = args["hidden"].shape[0]
+    device = args["hidden"].device
+    grad_logp = torch.randn(rows, generator=gen).to(device)
+    grad_entropy = torch.randn(rows, generator=gen).to(device) if args["with_entropy"] else None
+    _, entropy, lse = kernel.forward(**args)
+    expected = reference.linear_logp_entropy_grad(
+        args["hidden"], args["weight"], args["tokens"], grad_logp, grad_entropy,
+        bias=args["bias"], temperature=args["temperature"], ignore_index=args["ignore_index"],
+    )
+    got = kernel.backward(grad_logp, grad_entropy, args["hidden"], args["weight"],
+                          args["tokens"], args["bias"], args["temperature"],
+                          args["ignore_index"], None, lse, entropy,
+                          (True, True, args["bias"] is not None))
+    names = ("grad_hidden", "grad_weight", "grad_bias")
+    for name, actual, want in zip(names, got, expected, strict=True):
+        if want is not None:
+            assert actual is not None, f"{name} was asked for but not returned"
+            yield name, actual, want
+
+
+def _opcheck_case(args: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
+    def leaf(value: Tensor | None) -> Tensor | None:
+        return None if value is None else value.detach().clone().requires_grad_(True)
+
+    temp, value = _split_temperature(args["temperature"])
+    op = (torch.ops.rlk.linear_logp_entropy.default if args["with_entropy"]
+          else torch.ops.rlk.linear_logp.default)
+    return op, (leaf(args["hidden"]), leaf(args["weight"]), args["tokens"], leaf(args["bias"]),
+                temp, value, args["ignore_index"], "")
+
+
+def _batch_slice(args: dict[str, Any], start: int, stop: int) -> dict[str, Any] | None:
+    if args["group"] is not None:
+        return None
+    temperature = args["temperature"]
+    if isinstance(temperature, Tensor):
+        temperature = temperature[start:stop]
+    return dict(args, hidden=args["hidden"][start:stop], tokens=args["tokens"][start:stop],
+                temperature=temperature)
+
+
+# Logits are rounded to the inputs' dtype once (as `hidden @ weight.T` would be): with
+# logits of order 1, that is 2^-9 (bf16) or 2^-12 (fp16) per logit, doubled by the softmax.
+_TOLERANCES = {
+    torch.float32: Tolerance(atol=1e-5, rtol=1e-5),
+    torch.bfloat16: Tolerance(atol=1.5e-2, rtol=1e-2),
+    torch.float16: Tolerance(atol=2e-3, rtol=2e-3),
+}
+# The logits gradient is rounded to the inputs' dtype before the two matrix products.
+_GRAD_TOLERANCES = {
+    torch.float32: Tolerance(atol=1e-5, rtol=1e-5),
+    torch.bfloat16: Tolerance(atol=4e-2, rtol=3e-2),
+    torch.float16: Tolerance(atol=5e-3, rtol=5e-3),
+}
+
+
+def _spec(name: str, with_entropy: bool, doc: str) -> OpSpec:
+    return OpSpec(
+        name=name,
+        main_input="hidden",
+        prepare=_public_prepare(with_entropy),
+        flags=_flags,
+        reference=_reference,
+        outputs=_outputs,
+        samples=_samples(with_entropy),
+        tolerances=_TOLERANCES,
+        dtypes=validate.FLOATS,
+        opcheck_case=_opcheck_case,
+        grad_check=_grad_check,
+        grad_tolerances=_GRAD_TOLERANCES,
+        batch_slice=_batch_slice,
+        doc=doc,
+    )
+
+
+LINEAR_LOGP = _spec("linear_logp", False, "logp of hidden @ weight.T + bias, chunked")
+LINEAR_LOGP_ENTROPY = _spec("linear_logp_entropy", True,
+                            "linear_logp plus the entropy, chunked")
+SPECS = (LINEAR_LOGP, LINEAR_LOGP_ENTROPY)

@@ -49,7 +49,7 @@ class FakeRequestOutput:
 
 
 class FakeModel:
-    """What `apply_model` hands to the callable: holds the bigram table."""
+    """The engine's model: the bigram table, replaced by `reload_weights`."""
 
     def __init__(self, table: torch.Tensor):
         self.table = table
@@ -123,8 +123,10 @@ class FakeLLM:
             outs.append(FakeRequestOutput(ids, list(reversed(comps)), cached))
         return outs
 
-    def apply_model(self, fn: Any) -> list[Any]:
-        return [fn(self.model)]
+    def collective_rpc(self, method: str, kwargs: dict[str, Any]) -> list[None]:
+        assert method == "reload_weights", method
+        self.model.load_weights(list(kwargs["weights_iterator"]))
+        return [None]
 
     def reset_prefix_cache(self) -> bool:
         self.resets += 1

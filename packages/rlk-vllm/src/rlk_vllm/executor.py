@@ -195,20 +195,17 @@ class RolloutExecutor:
         """Load the policy's current weights into the engine and drop its stale prefix cache.
 
         Names are the Hugging Face checkpoint names (`model.state_dict()` of the
-        transformers model the engine was started from); vLLM maps them onto its own
-        fused layers. Cached KV blocks were computed with the old weights, so the prefix
-        cache is reset afterwards.
+        transformers model the engine was started from). vLLM's own in-place reload
+        maps them onto its fused layers and redoes the post-load processing (the CPU
+        GEMM prepacking, quantisation), which a bare `model.load_weights` would skip.
+        Cached KV blocks were computed with the old weights, so the prefix cache is
+        reset afterwards.
         """
         items = weights.items() if isinstance(weights, Mapping) else weights
         named = [(str(name), tensor.detach()) for name, tensor in items]
         if not named:
             raise ValueError("update_weights() got no weights")
-
-        def load(model: Any) -> int:
-            model.load_weights(weights=named)
-            return len(named)
-
-        self.llm.apply_model(load)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named})
         if self.llm.reset_prefix_cache() is False:
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight update; "
                                "cached KV would come from the old weights")

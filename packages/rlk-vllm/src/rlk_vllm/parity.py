@@ -105,6 +105,7 @@ def _trainer_logp(
             logp = rlk.logp(source.reshape(-1, source.shape[-1]), all_tokens,
                             temperature=temperature, rows=flat)
         else:
+            assert lm_head is not None  # checked by logprob_parity
             picked = source.reshape(-1, source.shape[-1])[flat]
             logp = rlk.linear_logp(picked, lm_head, tokens, bias=bias, temperature=temperature)
     return logp.float().cpu(), real

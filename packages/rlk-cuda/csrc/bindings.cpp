@@ -1,0 +1,94 @@
+// Python module rlk_cuda._C: validated raw pointers and shapes in, exceptions out.
+// The Python wrappers (rlk_cuda.logp, rlk_cuda.sample) check dtypes, shapes and devices and
+// pass the caller's current stream; this layer only guards against null pointers.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "rlk_api.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+template <typename T> T* ptr(uintptr_t p) { return reinterpret_cast<T*>(p); }
+
+void prepare(int device) {
+  const char* e = rlk::select_device(device);
+  if (e != nullptr)
+    throw std::runtime_error(std::string("rlk_cuda: cannot select device ") +
+                             std::to_string(device) + ": " + e);
+}
+
+void check(const char* err) {
+  if (err != nullptr) throw std::runtime_error(std::string("rlk_cuda: kernel launch failed: ") + err);
+}
+
+void require(uintptr_t p, const char* what) {
+  if (p == 0) throw std::invalid_argument(std::string("rlk_cuda: null pointer for ") + what);
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "rlk CUDA kernels (raw-pointer interface; use the rlk_cuda Python wrappers)";
+  m.attr("ARCHITECTURES") = RLK_CUDA_ARCHS;
+
+  m.def("logp_forward",
+        [](int device, uintptr_t stream, uintptr_t logits, int dtype, int64_t M, int64_t V,
+           int64_t row_stride, uintptr_t tokens, uintptr_t rows, int64_t R, float temperature,
+           uintptr_t temp_rows, int64_t ignore_index, uintptr_t logp, int64_t logp_stride,
+           uintptr_t entropy, uintptr_t lse, uintptr_t stats) {
+          if (R > 0 && V > 0) require(logits, "logits");
+          prepare(device);
+          rlk::LogpFwdArgs a{ptr<const void>(logits), dtype, M, V, row_stride,
+                             ptr<const int64_t>(tokens), ptr<const int64_t>(rows), R, temperature,
+                             ptr<const float>(temp_rows), ignore_index, ptr<float>(logp),
+                             logp_stride, ptr<float>(entropy), ptr<float>(lse), ptr<float>(stats)};
+          check(rlk::logp_forward(a, reinterpret_cast<void*>(stream)));
+        });
+
+  m.def("logp_backward",
+        [](int device, uintptr_t stream, uintptr_t logits, int dtype, int64_t M, int64_t V,
+           int64_t row_stride, uintptr_t grad, int64_t grad_row_stride, uintptr_t tokens,
+           uintptr_t g_logp, uintptr_t g_ent, uintptr_t lse, uintptr_t entropy, float temperature,
+           uintptr_t temp_rows, int64_t ignore_index, int64_t col_offset, int64_t vocab_total) {
+          if (M > 0 && V > 0) {
+            require(logits, "logits");
+            require(grad, "grad");
+            require(tokens, "tokens");
+            require(g_logp, "grad_logp");
+            require(lse, "lse");
+          }
+          prepare(device);
+          rlk::LogpBwdArgs a{ptr<const void>(logits), dtype, M, V, row_stride, ptr<void>(grad),
+                             grad_row_stride, ptr<const int64_t>(tokens), ptr<const float>(g_logp),
+                             ptr<const float>(g_ent), ptr<const float>(lse),
+                             ptr<const float>(entropy), temperature, ptr<const float>(temp_rows),
+                             ignore_index, col_offset, vocab_total};
+          check(rlk::logp_backward(a, reinterpret_cast<void*>(stream)));
+        });
+
+  m.def("sample",
+        [](int device, uintptr_t stream, uintptr_t logits, int dtype, int64_t B, int64_t V,
+           int64_t row_stride, float temperature, int64_t top_k, float top_p, float min_p,
+           uintptr_t seeds, uintptr_t stats, uintptr_t tokens, uintptr_t logp,
+           uintptr_t processed_logp) {
+          if (B > 0) {
+            require(logits, "logits");
+            require(seeds, "seeds");
+            require(stats, "stats");
+            require(tokens, "tokens");
+            require(logp, "logp");
+            require(processed_logp, "processed_logp");
+          }
+          prepare(device);
+          rlk::SampleArgs a{ptr<const void>(logits), dtype, B, V, row_stride, temperature, top_k,
+                            top_p, min_p, ptr<const int64_t>(seeds), ptr<const float>(stats),
+                            ptr<int64_t>(tokens), ptr<float>(logp), ptr<float>(processed_logp)};
+          check(rlk::sample(a, reinterpret_cast<void*>(stream)));
+        });
+}

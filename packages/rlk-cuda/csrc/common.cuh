@@ -1,0 +1,119 @@
+// Element conversions, 16-byte vector (un)packing and block reductions shared by the kernels.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "portability.cuh"
+
+namespace rlk {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(bf16_t v) {
+  return __uint_as_float(static_cast<uint32_t>(v.bits) << 16);
+}
+__device__ __forceinline__ float to_float(f16_t v) {
+  // IEEE half -> float by hand (normal, subnormal, inf, NaN), identical on CUDA and HIP.
+  uint32_t h = v.bits;
+  uint32_t sign = (h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t man = h & 0x3ffu;
+  if (exp == 0x1f) return __uint_as_float(sign | 0x7f800000u | (man << 13));
+  if (exp == 0) {
+    float f = static_cast<float>(man) * 5.9604644775390625e-08f;  // man * 2^-24
+    return sign ? -f : f;
+  }
+  return __uint_as_float(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+template <typename T> __device__ __forceinline__ T from_float(float f);
+template <> __device__ __forceinline__ float from_float<float>(float f) { return f; }
+template <> __device__ __forceinline__ bf16_t from_float<bf16_t>(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_t{static_cast<uint16_t>((u >> 16) | 0x40u)};
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return bf16_t{static_cast<uint16_t>(u >> 16)};
+}
+template <> __device__ __forceinline__ f16_t from_float<f16_t>(float f) {
+  return f16_t{__half_as_ushort(__float2half_rn(f))};
+}
+
+// Number of elements of T in one 16-byte vector.
+template <typename T> struct VecWidth { static constexpr int value = 16 / sizeof(T); };
+
+template <typename T>
+__device__ __forceinline__ void unpack(const uint4& v, float (&out)[VecWidth<T>::value]) {
+  const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+  for (int i = 0; i < VecWidth<T>::value; ++i) out[i] = to_float(e[i]);
+}
+
+template <typename T>
+__device__ __forceinline__ uint4 pack(const float (&in)[VecWidth<T>::value]) {
+  uint4 v;
+  T* e = reinterpret_cast<T*>(&v);
+#pragma unroll
+  for (int i = 0; i < VecWidth<T>::value; ++i) e[i] = from_float<T>(in[i]);
+  return v;
+}
+
+// Elements before the first 16-byte boundary of a row (rows may start unaligned).
+template <typename T>
+__device__ __forceinline__ int64_t head_elems(const T* p, int64_t n) {
+  uintptr_t mis = reinterpret_cast<uintptr_t>(p) & 15u;
+  int64_t h = mis == 0 ? 0 : static_cast<int64_t>((16u - mis) / sizeof(T));
+  if (mis % sizeof(T) != 0) h = n;  // element-misaligned pointer: no vector path
+  return h < n ? h : n;
+}
+
+// Sum over a block, in a fixed order (deterministic, batch-invariant). `scratch` holds one
+// float per warp. Every thread gets the result.
+template <int THREADS>
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  constexpr int kWarps = THREADS / RLK_WARP_SIZE;
+#pragma unroll
+  for (int o = RLK_WARP_SIZE / 2; o > 0; o >>= 1) v += shfl_xor(v, o);
+  const int warp = threadIdx.x / RLK_WARP_SIZE, lane = threadIdx.x % RLK_WARP_SIZE;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float r = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) r += scratch[w];
+  return r;
+}
+
+template <int THREADS>
+__device__ __forceinline__ int block_sum_int(int v, int* scratch) {
+  constexpr int kWarps = THREADS / RLK_WARP_SIZE;
+#pragma unroll
+  for (int o = RLK_WARP_SIZE / 2; o > 0; o >>= 1) v += shfl_xor(v, o);
+  const int warp = threadIdx.x / RLK_WARP_SIZE, lane = threadIdx.x % RLK_WARP_SIZE;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  int r = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) r += scratch[w];
+  return r;
+}
+
+template <int THREADS>
+__device__ __forceinline__ int block_min_int(int v, int* scratch) {
+  constexpr int kWarps = THREADS / RLK_WARP_SIZE;
+#pragma unroll
+  for (int o = RLK_WARP_SIZE / 2; o > 0; o >>= 1) v = min(v, shfl_xor(v, o));
+  const int warp = threadIdx.x / RLK_WARP_SIZE, lane = threadIdx.x % RLK_WARP_SIZE;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  int r = scratch[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) r = min(r, scratch[w]);
+  return r;
+}
+
+}  // namespace rlk

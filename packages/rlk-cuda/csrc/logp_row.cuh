@@ -1,0 +1,129 @@
+// One-pass online softmax statistics of a row, shared by logp forward and the sampler so that
+// both compute bit-identical row maxima, sums and log-probabilities.
+#pragma once
+
+#include <cfloat>
+
+#include "common.cuh"
+
+namespace rlk {
+
+// Running statistics in log2 units relative to the row max m (raw logit units):
+// s = sum 2^v_i, w = sum 2^v_i * v_i, with v_i = (x_i - m) * invT * log2(e).
+struct RowAcc {
+  float m, s, w;
+};
+
+template <bool ENT, int N>
+__device__ __forceinline__ void acc_chunk(RowAcc& a, const float (&x)[N], float sc) {
+  float cm = x[0];
+#pragma unroll
+  for (int i = 1; i < N; ++i) cm = max_nan(cm, x[i]);
+  const float mn = max_nan(a.m, cm);
+  if (mn == -INFINITY) return;  // only -inf so far: nothing contributes
+  if (!(mn == a.m)) {           // the max moved (or became NaN): rescale what we have
+    if (a.m != -INFINITY) {
+      const float d = (a.m - mn) * sc;
+      const float f = exp2f(d);
+      if (ENT) a.w = f * fmaf(d, a.s, a.w);
+      a.s *= f;
+    }
+    a.m = mn;
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const float v = (x[i] - mn) * sc;
+    const float e = exp2f(v);
+    a.s += e;
+    if (ENT) a.w = fmaf(e, fmaxf(v, -FLT_MAX), a.w);
+  }
+}
+
+template <bool ENT>
+__device__ __forceinline__ RowAcc acc_combine(const RowAcc& a, const RowAcc& b, float sc) {
+  const float mn = max_nan(a.m, b.m);
+  if (mn == -INFINITY) return a;
+  RowAcc r{mn, 0.f, 0.f};
+  if (a.m != -INFINITY) {
+    const float d = (a.m - mn) * sc, f = exp2f(d);
+    r.s += a.s * f;
+    if (ENT) r.w += f * fmaf(d, a.s, a.w);
+  }
+  if (b.m != -INFINITY) {
+    const float d = (b.m - mn) * sc, f = exp2f(d);
+    r.s += b.s * f;
+    if (ENT) r.w += f * fmaf(d, b.s, b.w);
+  }
+  return r;
+}
+
+// Block-wide reduction in a fixed order; the result is valid in thread 0.
+template <bool ENT, int THREADS>
+__device__ __forceinline__ RowAcc acc_block_reduce(RowAcc a, float sc) {
+  constexpr int kWarps = THREADS / RLK_WARP_SIZE;
+  __shared__ RowAcc part[kWarps];
+#pragma unroll
+  for (int o = RLK_WARP_SIZE / 2; o > 0; o >>= 1) {
+    RowAcc b{shfl_xor(a.m, o), shfl_xor(a.s, o), ENT ? shfl_xor(a.w, o) : 0.f};
+    a = acc_combine<ENT>(a, b, sc);
+  }
+  const int warp = threadIdx.x / RLK_WARP_SIZE, lane = threadIdx.x % RLK_WARP_SIZE;
+  if (lane == 0) part[warp] = a;
+  __syncthreads();
+  RowAcc r = part[0];
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) r = acc_combine<ENT>(r, part[w], sc);
+  }
+  return r;
+}
+
+// Statistics of one row of V elements starting at p (unit stride), 16-byte loads, UNROLL
+// vectors in flight per thread.
+template <typename T, int THREADS, int UNROLL, bool ENT>
+__device__ __forceinline__ RowAcc row_stats(const T* p, int64_t V, float sc) {
+  constexpr int W = VecWidth<T>::value;
+  RowAcc a{-INFINITY, 0.f, 0.f};
+  const int tid = threadIdx.x;
+  const int64_t h = head_elems(p, V);
+  if (tid < h) {
+    const float x[1] = {to_float(p[tid])};
+    acc_chunk<ENT>(a, x, sc);
+  }
+  const int64_t nv = (V - h) / W;
+  const uint4* v4 = reinterpret_cast<const uint4*>(p + h);
+  int64_t j = tid;
+  for (; j + (UNROLL - 1) * THREADS < nv; j += UNROLL * THREADS) {
+    uint4 r[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) r[u] = load_stream(v4 + j + u * THREADS);
+    float x[UNROLL * W];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      float y[W];
+      unpack<T>(r[u], y);
+#pragma unroll
+      for (int k = 0; k < W; ++k) x[u * W + k] = y[k];
+    }
+    acc_chunk<ENT>(a, x, sc);
+  }
+  for (; j < nv; j += THREADS) {
+    float x[W];
+    unpack<T>(load_stream(v4 + j), x);
+    acc_chunk<ENT>(a, x, sc);
+  }
+  const int64_t t = h + nv * W + tid;
+  if (t < V) {
+    const float x[1] = {to_float(p[t])};
+    acc_chunk<ENT>(a, x, sc);
+  }
+  return acc_block_reduce<ENT, THREADS>(a, sc);
+}
+
+// log p(token) from the statistics; written with explicit roundings so that every kernel that
+// calls it (logp forward, sampler) produces the same bits.
+__device__ __forceinline__ float logp_from_stats(float raw_tok, float m, float inv_t, float log_s) {
+  return __fsub_rn(__fmul_rn(__fsub_rn(raw_tok, m), inv_t), log_s);
+}
+
+}  // namespace rlk

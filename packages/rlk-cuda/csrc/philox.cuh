@@ -1,0 +1,33 @@
+// Counter-based random numbers (Philox4x32-10) keyed by a row's seed, so a row's draw depends
+// only on its seed and the token index, never on the batch.
+#pragma once
+
+#include "common.cuh"
+
+namespace rlk {
+
+__device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
+  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
+  constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+#pragma unroll
+  for (int r = 0; r < 10; ++r) {
+    const uint32_t hi0 = __umulhi(kM0, c.x), lo0 = kM0 * c.x;
+    const uint32_t hi1 = __umulhi(kM1, c.z), lo1 = kM1 * c.z;
+    c = make_uint4(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
+    k.x += kW0;
+    k.y += kW1;
+  }
+  return c;
+}
+
+// Gumbel(0, 1) noise for token `idx` of the row seeded with `seed`.
+__device__ __forceinline__ float gumbel_noise(uint64_t seed, uint32_t idx) {
+  const uint2 key = make_uint2(static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  const uint4 r = philox4x32_10(make_uint4(idx >> 2, 0u, 0x726c6b73u, 0u), key);
+  const uint32_t sel = idx & 3u;
+  const uint32_t bits = sel == 0 ? r.x : sel == 1 ? r.y : sel == 2 ? r.z : r.w;
+  const float u = (static_cast<float>(bits >> 8) + 0.5f) * 5.9604644775390625e-08f;  // (0, 1)
+  return -logf(-logf(u));
+}
+
+}  // namespace rlk

@@ -1,0 +1,120 @@
+// Portability layer: the only place that knows whether we compile as CUDA or HIP.
+// Kernels use these names so that rlk-rocm can build the same sources with hipcc.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__HIPCC__)
+#include <hip/hip_fp16.h>
+#include <hip/hip_runtime.h>
+#define RLK_HIP 1
+#if defined(__AMDGCN_WAVEFRONT_SIZE)
+#define RLK_WARP_SIZE __AMDGCN_WAVEFRONT_SIZE
+#else
+#define RLK_WARP_SIZE 64
+#endif
+typedef hipStream_t rlkStream_t;
+typedef hipError_t rlkError_t;
+#define rlkSuccess hipSuccess
+#define rlkGetLastError hipGetLastError
+#define rlkGetErrorString hipGetErrorString
+#define rlkSetDevice hipSetDevice
+typedef uint64_t rlk_lanemask_t;
+#define RLK_FULL_MASK (~0ull)
+#else
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#define RLK_WARP_SIZE 32
+typedef cudaStream_t rlkStream_t;
+typedef cudaError_t rlkError_t;
+#define rlkSuccess cudaSuccess
+#define rlkGetLastError cudaGetLastError
+#define rlkGetErrorString cudaGetErrorString
+#define rlkSetDevice cudaSetDevice
+typedef uint32_t rlk_lanemask_t;
+#define RLK_FULL_MASK 0xffffffffu
+#endif
+
+namespace rlk {
+
+// Raw storage types: we convert bits ourselves so both toolchains agree bit for bit.
+struct bf16_t { uint16_t bits; };
+struct f16_t { uint16_t bits; };
+
+__device__ __forceinline__ float shfl_xor(float v, int lane_mask) {
+#if RLK_HIP
+  return __shfl_xor(v, lane_mask);
+#else
+  return __shfl_xor_sync(RLK_FULL_MASK, v, lane_mask);
+#endif
+}
+
+__device__ __forceinline__ int shfl_xor(int v, int lane_mask) {
+#if RLK_HIP
+  return __shfl_xor(v, lane_mask);
+#else
+  return __shfl_xor_sync(RLK_FULL_MASK, v, lane_mask);
+#endif
+}
+
+__device__ __forceinline__ float shfl_up(float v, int delta) {
+#if RLK_HIP
+  return __shfl_up(v, delta);
+#else
+  return __shfl_up_sync(RLK_FULL_MASK, v, delta);
+#endif
+}
+
+__device__ __forceinline__ int shfl_idx(int v, int lane) {
+#if RLK_HIP
+  return __shfl(v, lane);
+#else
+  return __shfl_sync(RLK_FULL_MASK, v, lane);
+#endif
+}
+
+__device__ __forceinline__ rlk_lanemask_t ballot(bool p) {
+#if RLK_HIP
+  return __ballot(p);
+#else
+  return __ballot_sync(RLK_FULL_MASK, p);
+#endif
+}
+
+__device__ __forceinline__ int popc(rlk_lanemask_t m) {
+#if RLK_HIP
+  return __popcll(m);
+#else
+  return __popc(m);
+#endif
+}
+
+// max that returns NaN when either input is NaN (fmaxf drops NaN).
+__device__ __forceinline__ float max_nan(float a, float b) {
+#if !RLK_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
+#endif
+}
+
+// 16-byte streaming load: logits are read once, so keep them out of the way of the cache.
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+#if RLK_HIP
+  return __builtin_nontemporal_load(p);
+#else
+  return __ldcs(p);
+#endif
+}
+
+__device__ __forceinline__ void store_stream(uint4* p, uint4 v) {
+#if RLK_HIP
+  __builtin_nontemporal_store(v, p);
+#else
+  __stcs(p, v);
+#endif
+}
+
+}  // namespace rlk

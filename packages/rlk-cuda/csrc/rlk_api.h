@@ -1,0 +1,67 @@
+// Host-side entry points of the kernel library: plain pointers and shapes, no Python, no torch.
+// Every function returns nullptr on success or a static message describing the failure.
+// No CUDA header here: the nanobind module compiles with the host compiler alone.
+#pragma once
+
+#include <cstdint>
+
+namespace rlk {
+
+enum DType : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+struct LogpFwdArgs {
+  const void* logits;     // [M, V] with unit column stride
+  int dtype;
+  int64_t M, V, row_stride;
+  const int64_t* tokens;  // [M]; nullptr = statistics only (the sampler's first pass)
+  const int64_t* rows;    // [R] or nullptr (then R == M)
+  int64_t R;
+  float temperature;      // used when temp_rows is nullptr
+  const float* temp_rows; // [M] per-row temperature or nullptr
+  int64_t ignore_index;
+  float* logp;            // [R] (stride logp_stride) or nullptr
+  int64_t logp_stride;
+  float* entropy;         // [R] or nullptr (no entropy)
+  float* lse;             // [R] or nullptr
+  float* stats;           // [2, R] (row max of raw logits, log of the shifted sum) or nullptr
+};
+
+struct LogpBwdArgs {
+  const void* logits;     // [M, V] unit column stride
+  int dtype;
+  int64_t M, V, row_stride;
+  void* grad;             // [M, V] in dtype; may alias logits (same strides)
+  int64_t grad_row_stride;
+  const int64_t* tokens;  // [M]
+  const float* g_logp;    // [M]
+  const float* g_ent;     // [M] or nullptr
+  const float* lse;       // [M]
+  const float* entropy;   // [M] or nullptr (needed when g_ent is given)
+  float temperature;
+  const float* temp_rows; // [M] or nullptr
+  int64_t ignore_index;
+  int64_t col_offset;     // global vocabulary id of column 0 (vocabulary chunks)
+  int64_t vocab_total;    // tokens outside [0, vocab_total) give NaN gradients
+};
+
+struct SampleArgs {
+  const void* logits;     // [B, V] unit column stride
+  int dtype;
+  int64_t B, V, row_stride;
+  float temperature;      // 0 = greedy
+  int64_t top_k;
+  float top_p, min_p;
+  const int64_t* seeds;   // [B]
+  const float* stats;     // [2, B] from logp_forward(tokens=nullptr) at the same temperature
+  int64_t* tokens;        // [B]
+  float* logp;            // [B]
+  float* processed_logp;  // [B]
+};
+
+// `stream` is a cudaStream_t (hipStream_t) passed as an opaque pointer.
+const char* select_device(int device);
+const char* logp_forward(const LogpFwdArgs& a, void* stream);
+const char* logp_backward(const LogpBwdArgs& a, void* stream);
+const char* sample(const SampleArgs& a, void* stream);
+
+}  // namespace rlk

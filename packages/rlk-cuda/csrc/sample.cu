@@ -1,0 +1,350 @@
+// Sampling with temperature, top-k, top-p and min-p, one block per row.
+//
+// With d = (max - x) / T >= 0, every filter keeps a prefix {d <= tau} of the sorted row. The
+// kernel narrows tau with counting passes (7 pivots per pass, counts and masses in registers,
+// no atomics), and as soon as every possible survivor fits in shared memory it gathers them,
+// sorts them and finishes exactly there. Only degenerate rows (huge ties, huge nuclei) keep
+// narrowing until tau is exact and then draw in one more pass. The draw is Gumbel-max with
+// Philox noise keyed by (seed, token index), so both routes pick the same token.
+#include <cfloat>
+
+#include "logp_row.cuh"
+#include "philox.cuh"
+#include "rlk_api.h"
+
+namespace rlk {
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kCap = 2048;
+constexpr int kPivots = 8;  // the last one is the current upper bound
+
+template <typename T, typename F>
+__device__ __forceinline__ void for_each_elem(const T* p, int64_t V, F&& f) {
+  constexpr int W = VecWidth<T>::value;
+  const int tid = threadIdx.x;
+  const int64_t h = head_elems(p, V);
+  if (tid < h) f(tid, to_float(p[tid]));
+  const int64_t nv = (V - h) / W;
+  const uint4* v4 = reinterpret_cast<const uint4*>(p + h);
+  int64_t j = tid;
+  for (; j + kThreads < nv; j += 2 * kThreads) {
+    const uint4 r0 = load_stream(v4 + j), r1 = load_stream(v4 + j + kThreads);
+    float x0[W], x1[W];
+    unpack<T>(r0, x0);
+    unpack<T>(r1, x1);
+#pragma unroll
+    for (int k = 0; k < W; ++k) f(h + j * W + k, x0[k]);
+#pragma unroll
+    for (int k = 0; k < W; ++k) f(h + (j + kThreads) * W + k, x1[k]);
+  }
+  for (; j < nv; j += kThreads) {
+    float x[W];
+    unpack<T>(load_stream(v4 + j), x);
+#pragma unroll
+    for (int k = 0; k < W; ++k) f(h + j * W + k, x[k]);
+  }
+  const int64_t t = h + nv * W + tid;
+  if (t < V) f(t, to_float(p[t]));
+}
+
+__device__ __forceinline__ float mass_of(float d) { return exp2f(-d * kLog2e); }
+
+struct Shared {
+  unsigned long long cand[kCap];
+  float cum[kCap];
+  float pivots[kPivots];
+  float fred[kThreads / RLK_WARP_SIZE];
+  int ired[kThreads / RLK_WARP_SIZE];
+  int count;
+};
+
+// Counts (and masses) of elements with d <= pivot for every pivot in sh.pivots.
+template <typename T, bool MASS>
+__device__ void count_pass(const T* p, int64_t V, float m, float inv_t, Shared& sh,
+                           int (&cnt)[kPivots], float (&ms)[kPivots]) {
+  float pv[kPivots];
+#pragma unroll
+  for (int j = 0; j < kPivots; ++j) { pv[j] = sh.pivots[j]; cnt[j] = 0; ms[j] = 0.f; }
+  for_each_elem(p, V, [&](int64_t, float x) {
+    const float d = (m - x) * inv_t;
+    const float e = MASS ? mass_of(d) : 0.f;
+#pragma unroll
+    for (int j = 0; j < kPivots; ++j) {
+      const bool in = d <= pv[j];
+      cnt[j] += in;
+      if (MASS) ms[j] += in ? e : 0.f;
+    }
+  });
+#pragma unroll
+  for (int j = 0; j < kPivots; ++j) {
+    cnt[j] = block_sum_int<kThreads>(cnt[j], sh.ired);
+    if (MASS) ms[j] = block_sum<kThreads>(ms[j], sh.fred);
+  }
+}
+
+// Chooses pivots strictly inside (lo, hi], hi last. lo < 0 means "below every element".
+__device__ void set_pivots(Shared& sh, float lo, float hi) {
+  if (threadIdx.x != 0) return;
+  if (lo < 0.f && hi == INFINITY) {
+    const float first[kPivots - 1] = {0.5f, 1.f, 2.f, 4.f, 8.f, 16.f, 32.f};
+    for (int j = 0; j < kPivots - 1; ++j) sh.pivots[j] = first[j];
+  } else if (lo < 0.f) {  // geometric towards 0, so that ties at the max converge
+    const float f[kPivots - 1] = {0.f, 1.f / 4096, 1.f / 512, 1.f / 64, 1.f / 16, 0.25f, 0.5f};
+    for (int j = 0; j < kPivots - 1; ++j) sh.pivots[j] = hi * f[j];
+  } else {
+    const int64_t klo = lo < 0.f ? -1 : static_cast<int64_t>(__float_as_uint(lo));
+    const int64_t khi = static_cast<int64_t>(__float_as_uint(hi));
+    for (int j = 0; j < kPivots - 1; ++j) {
+      int64_t k = klo + ((khi - klo) * (j + 1)) / kPivots;
+      if (k <= klo) k = klo + 1;
+      if (k > khi) k = khi;
+      sh.pivots[j] = __uint_as_float(static_cast<uint32_t>(k));
+    }
+  }
+  sh.pivots[kPivots - 1] = hi;
+}
+
+__device__ __forceinline__ bool converged(float lo, float hi) {
+  if (lo < 0.f) return hi == 0.f;
+  return __float_as_uint(hi) - __float_as_uint(lo) <= 1u;
+}
+
+// Block-wide inclusive scan of the candidates' masses into sh.cum (2 per thread, fixed order).
+__device__ void scan_masses(Shared& sh, int n) {
+  const int t = threadIdx.x, lane = t % RLK_WARP_SIZE, warp = t / RLK_WARP_SIZE;
+  const int i0 = 2 * t, i1 = 2 * t + 1;
+  const float a0 = i0 < n ? mass_of(__uint_as_float(static_cast<uint32_t>(sh.cand[i0] >> 32))) : 0.f;
+  const float a1 = i1 < n ? mass_of(__uint_as_float(static_cast<uint32_t>(sh.cand[i1] >> 32))) : 0.f;
+  float v = a0 + a1;
+#pragma unroll
+  for (int o = 1; o < RLK_WARP_SIZE; o <<= 1) {
+    const float u = shfl_up(v, o);
+    if (lane >= o) v += u;
+  }
+  __syncthreads();
+  if (lane == RLK_WARP_SIZE - 1) sh.fred[warp] = v;
+  __syncthreads();
+  if (t == 0) {
+    float run = 0.f;
+    for (int w = 0; w < kThreads / RLK_WARP_SIZE; ++w) {
+      const float x = sh.fred[w];
+      sh.fred[w] = run;
+      run += x;
+    }
+  }
+  __syncthreads();
+  const float excl = sh.fred[warp] + v - (a0 + a1);
+  if (i0 < kCap) sh.cum[i0] = excl + a0;
+  if (i1 < kCap) sh.cum[i1] = excl + a0 + a1;
+  __syncthreads();
+}
+
+__device__ __forceinline__ uint32_t cand_key(const Shared& sh, int i) {
+  return static_cast<uint32_t>(sh.cand[i] >> 32);
+}
+
+// One past the last candidate whose key equals candidate i's (ties stay together).
+__device__ int end_of_ties(Shared& sh, int i, int n) {
+  const uint32_t key = cand_key(sh, i);
+  int best = n;
+  for (int j = threadIdx.x; j < n; j += kThreads)
+    if (j > i && cand_key(sh, j) != key) best = min(best, j);
+  return block_min_int<kThreads>(best, sh.ired);
+}
+
+// Gumbel-max over (score, index): largest score wins, ties go to the smaller index.
+struct Pick {
+  float score;
+  int idx;
+};
+__device__ __forceinline__ Pick better(Pick a, Pick b) {
+  if (b.score > a.score || (b.score == a.score && b.idx < a.idx)) return b;
+  return a;
+}
+__device__ Pick block_argmax(Pick a, Shared& sh) {
+#pragma unroll
+  for (int o = RLK_WARP_SIZE / 2; o > 0; o >>= 1) {
+    Pick b{shfl_xor(a.score, o), shfl_xor(a.idx, o)};
+    a = better(a, b);
+  }
+  const int lane = threadIdx.x % RLK_WARP_SIZE, warp = threadIdx.x / RLK_WARP_SIZE;
+  __syncthreads();
+  if (lane == 0) { sh.fred[warp] = a.score; sh.ired[warp] = a.idx; }
+  __syncthreads();
+  Pick r{sh.fred[0], sh.ired[0]};
+  for (int w = 1; w < kThreads / RLK_WARP_SIZE; ++w) r = better(r, Pick{sh.fred[w], sh.ired[w]});
+  return r;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
+  __shared__ Shared sh;
+  const int64_t b = blockIdx.x;
+  const int tid = threadIdx.x;
+  const T* p = static_cast<const T*>(a.logits) + b * a.row_stride;
+  const int64_t V = a.V;
+  const float m = a.stats[b], log_s = a.stats[a.B + b];
+  const bool greedy = !(a.temperature > 0.f);
+  const float inv_t = greedy ? 1.0f : 1.0f / a.temperature;
+  const float nan = __int_as_float(0x7fc00000);
+  if (!(isfinite(m) && isfinite(log_s))) {
+    if (tid == 0) { a.tokens[b] = -1; a.logp[b] = nan; a.processed_logp[b] = nan; }
+    return;
+  }
+  const uint64_t seed = static_cast<uint64_t>(a.seeds[b]);
+  const int64_t k = (!greedy && a.top_k > 0) ? (a.top_k < V ? a.top_k : V) : 0;
+  const bool use_p = !greedy && a.top_p < 1.f;
+  const bool use_m = !greedy && a.min_p > 0.f;
+  const float tau_m = use_m ? -logf(a.min_p) : INFINITY;
+
+  float tau_k = INFINITY, tau_p = INFINITY;
+  float z_given = -1.f;       // mass of the top-k set when known before the gather
+  bool gathered = false, k_exact = (k == 0);
+  float hi_gather = 0.f;
+  int cnt[kPivots];
+  float ms[kPivots];
+
+  // Phase A: top-k bracket by counts.
+  if (k > 0) {
+    float lo = -1.f, hi = INFINITY;
+    for (int it = 0; it < 40; ++it) {
+      set_pivots(sh, lo, hi);
+      __syncthreads();
+      count_pass<T, false>(p, V, m, inv_t, sh, cnt, ms);
+      int j = 0;
+      while (j < kPivots - 1 && cnt[j] < k) ++j;
+      if (j > 0) lo = sh.pivots[j - 1];
+      hi = sh.pivots[j];
+      __syncthreads();
+      if (cnt[j] <= kCap) { gathered = true; hi_gather = hi; break; }
+      if (converged(lo, hi)) { tau_k = hi; k_exact = true; break; }
+    }
+  }
+  // Phase B: top-p bracket by mass (relative to the top-k set), when not gathered yet.
+  if (!gathered && use_p) {
+    float lo = -1.f, hi = tau_k;
+    float target = -1.f;
+    for (int it = 0; it < 40; ++it) {
+      set_pivots(sh, lo, hi);
+      __syncthreads();
+      count_pass<T, true>(p, V, m, inv_t, sh, cnt, ms);
+      if (target < 0.f) { z_given = ms[kPivots - 1]; target = a.top_p * z_given; }
+      int j = 0;
+      while (j < kPivots - 1 && ms[j] < target) ++j;
+      if (j > 0) lo = sh.pivots[j - 1];
+      hi = sh.pivots[j];
+      __syncthreads();
+      if (cnt[j] <= kCap) { gathered = true; hi_gather = hi; break; }
+      if (converged(lo, hi)) { tau_p = hi; break; }
+    }
+  }
+  // Min-p alone (or with an exact top-k) can still be finished in shared memory if small.
+  if (!gathered && !use_p && use_m && tau_m < tau_k) {
+    set_pivots(sh, -1.f, tau_m);
+    __syncthreads();
+    count_pass<T, false>(p, V, m, inv_t, sh, cnt, ms);
+    __syncthreads();
+    if (cnt[kPivots - 1] <= kCap) { gathered = true; hi_gather = tau_m; }
+  }
+
+  Pick pick{-INFINITY, 0x7fffffff};
+  float z_f = 0.f, d_tok = 0.f;
+  if (gathered) {
+    if (tid == 0) sh.count = 0;
+    __syncthreads();
+    for_each_elem(p, V, [&](int64_t idx, float x) {
+      const float d = (m - x) * inv_t;
+      if (d <= hi_gather) {
+        const int slot = atomicAdd(&sh.count, 1);
+        if (slot < kCap)
+          sh.cand[slot] = (static_cast<unsigned long long>(__float_as_uint(d)) << 32) |
+                          static_cast<unsigned long long>(idx);
+      }
+    });
+    __syncthreads();
+    const int n = min(sh.count, kCap);
+    int n2 = 1;
+    while (n2 < n) n2 <<= 1;
+    for (int i = n + tid; i < n2; i += kThreads) sh.cand[i] = ~0ull;
+    __syncthreads();
+    for (int kk = 2; kk <= n2; kk <<= 1) {
+      for (int jj = kk >> 1; jj > 0; jj >>= 1) {
+        for (int i = tid; i < n2; i += kThreads) {
+          const int ixj = i ^ jj;
+          if (ixj > i) {
+            const unsigned long long x = sh.cand[i], y = sh.cand[ixj];
+            if ((x > y) == ((i & kk) == 0)) { sh.cand[i] = y; sh.cand[ixj] = x; }
+          }
+        }
+        __syncthreads();
+      }
+    }
+    scan_masses(sh, n);
+    int n_k = n;
+    if (!k_exact) n_k = end_of_ties(sh, static_cast<int>(k) - 1, n);
+    const float z_k = z_given >= 0.f ? z_given : sh.cum[n_k - 1];
+    int n_f = n_k;
+    if (use_p) {
+      const float target = a.top_p * z_k;
+      int first = n_k;
+      for (int i = tid; i < n_k; i += kThreads)
+        if (sh.cum[i] >= target) first = min(first, i);
+      first = block_min_int<kThreads>(first, sh.ired);
+      if (first < n_k) n_f = min(n_f, end_of_ties(sh, first, n));
+    }
+    if (use_m) {
+      int first = n;
+      for (int i = tid; i < n; i += kThreads)
+        if (__uint_as_float(cand_key(sh, i)) > tau_m) first = min(first, i);
+      n_f = min(n_f, block_min_int<kThreads>(first, sh.ired));
+    }
+    for (int i = tid; i < n_f; i += kThreads) {
+      const int idx = static_cast<int>(sh.cand[i] & 0xffffffffu);
+      const float d = __uint_as_float(cand_key(sh, i));
+      pick = better(pick, Pick{-d + gumbel_noise(seed, idx), idx});
+    }
+    pick = block_argmax(pick, sh);
+    z_f = sh.cum[n_f - 1];
+  } else {
+    const float tau = greedy ? 0.f : fminf(fminf(tau_k, tau_p), tau_m);
+    float z = 0.f;
+    for_each_elem(p, V, [&](int64_t idx, float x) {
+      const float d = (m - x) * inv_t;
+      if (d <= tau) {
+        z += mass_of(d);
+        const float noise = greedy ? 0.f : gumbel_noise(seed, static_cast<uint32_t>(idx));
+        pick = better(pick, Pick{-d + noise, static_cast<int>(idx)});
+      }
+    });
+    z_f = block_sum<kThreads>(z, sh.fred);
+    pick = block_argmax(pick, sh);
+  }
+  if (tid == 0) {
+    const int tok = pick.idx;
+    const float x = to_float(p[tok]);
+    d_tok = (m - x) * inv_t;
+    a.tokens[b] = tok;
+    a.logp[b] = logp_from_stats(x, m, inv_t, log_s);
+    a.processed_logp[b] = greedy ? 0.f : -d_tok - logf(z_f);
+  }
+}
+
+}  // namespace
+
+const char* sample(const SampleArgs& a, void* stream) {
+  const rlkStream_t s = static_cast<rlkStream_t>(stream);
+  if (a.B == 0) return nullptr;
+  if (a.V > 0x7fffffffLL) return "sample: vocabulary larger than 2^31 - 1";
+  if (a.V == 0) return "sample: empty vocabulary";
+  switch (a.dtype) {
+    case kF32: sample_kernel<float><<<a.B, kThreads, 0, s>>>(a); break;
+    case kBF16: sample_kernel<bf16_t><<<a.B, kThreads, 0, s>>>(a); break;
+    case kF16: sample_kernel<f16_t><<<a.B, kThreads, 0, s>>>(a); break;
+    default: return "sample: unsupported dtype code";
+  }
+  const rlkError_t e = rlkGetLastError();
+  return e == rlkSuccess ? nullptr : rlkGetErrorString(e);
+}
+
+}  // namespace rlk

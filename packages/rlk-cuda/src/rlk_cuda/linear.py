@@ -1,0 +1,174 @@
+"""linear_logp / linear_logp_entropy: cuBLAS GEMMs through torch, rlk kernels between them.
+
+Forward: row chunks of `hidden @ weight.T` (one bounded logits buffer) fed to the logp kernel.
+Backward: vocabulary chunks over all rows. Each chunk's logits are recomputed, the logp backward
+kernel overwrites them with their gradient, and two GEMMs consume it: grad_hidden accumulates in
+float32 across chunks, and grad_weight[chunk] comes from one GEMM over all rows (float32
+accumulation inside cuBLAS), so no float32 copy of the weight ever exists.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+from rlk_cuda._launch import f32_empty
+from rlk_cuda.logp import launch_backward, launch_forward
+
+Temperature = float | Tensor
+_DEFAULT_CHUNK_MB = 256
+
+
+def chunk_bytes() -> int:
+    """Budget of the one logits buffer (RLK_CUDA_CHUNK_MB overrides the 256 MiB default)."""
+    raw = os.environ.get("RLK_CUDA_CHUNK_MB", str(_DEFAULT_CHUNK_MB))
+    value = float(raw)
+    if value <= 0:
+        raise ValueError(f"RLK_CUDA_CHUNK_MB must be > 0, got {raw!r}")
+    return int(value * 2**20)
+
+
+def check(
+    hidden: Tensor,
+    weight: Tensor,
+    tokens: Tensor,
+    bias: Tensor | None,
+    temperature: Temperature,
+    ignore_index: int,
+    with_entropy: bool = False,
+    group: object = None,
+    **_: object,
+) -> str | None:
+    """Reasons this backend declines a call (checked on selection-cache misses only)."""
+    if group is not None:
+        return "group= (vocabulary-parallel weights) is not implemented by rlk-cuda yet"
+    return None
+
+
+def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> Tensor:
+    if bias is None:
+        return torch.mm(hidden, weight.t(), out=out)
+    return torch.addmm(bias, hidden, weight.t(), out=out)
+
+
+def forward(
+    hidden: Tensor,
+    weight: Tensor,
+    tokens: Tensor,
+    bias: Tensor | None,
+    temperature: Temperature,
+    ignore_index: int,
+    with_entropy: bool,
+    group: object,
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """logp (and entropy) of tokens under softmax((hidden @ weight.T + bias) / T)."""
+    if group is not None:
+        raise NotImplementedError(
+            check(hidden, weight, tokens, bias, temperature, ignore_index, group=group)
+        )
+    num, vocab = hidden.shape[0], weight.shape[0]
+    device = hidden.device
+    logp = f32_empty(num, device=device)
+    entropy = f32_empty(num, device=device) if with_entropy else None
+    lse = f32_empty(num, device=device)
+    step = max(1, min(num, chunk_bytes() // (vocab * hidden.element_size())))
+    buffer = torch.empty(step * vocab, dtype=hidden.dtype, device=hidden.device)
+    tokens = tokens.to(torch.int64)
+    for start in range(0, num, step):
+        stop = min(num, start + step)
+        logits = _logits(
+            hidden[start:stop],
+            weight,
+            bias,
+            buffer[: (stop - start) * vocab].view(stop - start, vocab),
+        )
+        temp = temperature[start:stop] if isinstance(temperature, Tensor) else temperature
+        launch_forward(
+            logits,
+            tokens[start:stop],
+            temp,
+            ignore_index,
+            None,
+            logp[start:stop],
+            None if entropy is None else entropy[start:stop],
+            lse[start:stop],
+            None,
+        )
+    return logp, entropy, lse
+
+
+def _accumulate_grad_hidden(acc: Tensor, grad_logits: Tensor, weight: Tensor) -> None:
+    """acc += grad_logits @ weight in float32 (a float32-output GEMM when torch has one)."""
+    try:
+        torch.addmm(acc, grad_logits, weight, out_dtype=torch.float32, out=acc)
+    except (TypeError, RuntimeError, NotImplementedError):
+        acc.add_(torch.mm(grad_logits, weight))
+
+
+def backward(
+    grad_logp: Tensor,
+    grad_entropy: Tensor | None,
+    hidden: Tensor,
+    weight: Tensor,
+    tokens: Tensor,
+    bias: Tensor | None,
+    temperature: Temperature,
+    ignore_index: int,
+    group: object,
+    lse: Tensor,
+    entropy: Tensor | None,
+    needs_input_grad: tuple[bool, bool, bool],
+) -> tuple[Tensor | None, ...]:
+    """Gradients to (hidden, weight, bias), vocabulary chunk by vocabulary chunk."""
+    if group is not None:
+        raise NotImplementedError(
+            check(hidden, weight, tokens, bias, temperature, ignore_index, group=group)
+        )
+    want_h, want_w, want_b = needs_input_grad
+    want_b = want_b and bias is not None
+    num, vocab = hidden.shape[0], weight.shape[0]
+    dev = hidden.device
+    grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=dev) if want_h else None
+    grad_w = torch.empty_like(weight) if want_w else None
+    grad_b = torch.empty_like(bias) if want_b and bias is not None else None
+    if num == 0:
+        if grad_w is not None:
+            grad_w.zero_()
+        if grad_b is not None:
+            grad_b.zero_()
+        return (None if grad_h is None else grad_h.to(hidden.dtype)), grad_w, grad_b
+    width = chunk_bytes() // (max(num, 1) * hidden.element_size())
+    width = max(128, min(vocab, (width // 128) * 128 or 128))
+    buffer = torch.empty(num * width, dtype=hidden.dtype, device=dev)
+    tokens = tokens.to(torch.int64).contiguous()
+    g_logp = grad_logp.to(torch.float32).contiguous()
+    g_ent = None if grad_entropy is None else grad_entropy.to(torch.float32).contiguous()
+    lse = lse.to(torch.float32).contiguous()
+    entropy = None if entropy is None else entropy.to(torch.float32).contiguous()
+    for start in range(0, vocab, width):
+        stop = min(vocab, start + width)
+        w = weight[start:stop]
+        b = None if bias is None else bias[start:stop]
+        logits = _logits(hidden, w, b, buffer[: num * (stop - start)].view(num, stop - start))
+        launch_backward(
+            logits,
+            logits,
+            tokens,
+            g_logp,
+            g_ent,
+            lse,
+            entropy,
+            temperature,
+            ignore_index,
+            start,
+            vocab,
+        )
+        if grad_h is not None:
+            _accumulate_grad_hidden(grad_h, logits, w)
+        if grad_w is not None:
+            torch.mm(logits.t(), hidden, out=grad_w[start:stop])
+        if grad_b is not None:
+            grad_b[start:stop] = logits.sum(0, dtype=torch.float32)
+    return (None if grad_h is None else grad_h.to(hidden.dtype)), grad_w, grad_b

@@ -1,0 +1,49 @@
+"""Entry point of the `cuda` backend (group `rlk.backends`): registration only, no CUDA work."""
+
+from __future__ import annotations
+
+import rlk
+import torch
+from rlk.registry import Registry
+
+from rlk_cuda import __version__
+from rlk_cuda.probe import probe
+
+RLK_PLUGIN_API = "1.0"
+BACKEND = "cuda"
+PRIORITY = 200
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+# op -> (forward target, backward target or None, properties, check target or None)
+KERNELS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
+    "logp": ("rlk_cuda.logp:forward", "rlk_cuda.logp:backward", ("batch_invariant",)),
+    "logp_entropy": ("rlk_cuda.logp:forward", "rlk_cuda.logp:backward", ("batch_invariant",)),
+    "sample": ("rlk_cuda.sample:sample", None, ("batch_invariant",)),
+    "linear_logp": ("rlk_cuda.linear:forward", "rlk_cuda.linear:backward", ()),
+    "linear_logp_entropy": ("rlk_cuda.linear:forward", "rlk_cuda.linear:backward", ()),
+}
+
+
+def _linear_check(*args: object, **kwargs: object) -> str | None:
+    from rlk_cuda.linear import check
+
+    return check(*args, **kwargs)  # type: ignore[arg-type]
+
+
+@rlk.hookimpl
+def rlk_register(registry: Registry) -> None:
+    """Declare the backend and every kernel whose op this version of rlk-core defines."""
+    registry.add_backend(BACKEND, priority=PRIORITY, probe=probe, version=__version__)
+    for op, (forward, backward, properties) in KERNELS.items():
+        if op not in registry.known_ops:
+            continue
+        registry.add_kernel(
+            op,
+            BACKEND,
+            forward,
+            backward=backward,
+            devices=("cuda",),
+            dtypes=DTYPES,
+            check=_linear_check if op.startswith("linear") else None,
+            properties=properties,
+        )

@@ -1,0 +1,148 @@
+"""What must hold on a machine without a GPU: import, probe reasons, clean errors, registration."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rlk_cuda
+from rlk_cuda import _ext, linear, logp, plugin, probe, sample
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-device path")
+
+
+def test_extension_imports_and_lists_its_architectures() -> None:
+    assert _ext.import_error() is None
+    archs = _ext.architectures()
+    assert archs, "the extension must record the architectures it was built for"
+    for arch in archs:
+        probe._parse(arch)  # every recorded entry is one the probe understands
+
+
+def test_version_matches_the_plugin() -> None:
+    assert plugin.RLK_PLUGIN_API.split(".")[0] == "1"
+    assert rlk_cuda.__version__ == "0.1.0"
+
+
+def test_probe_rejects_non_cuda_devices() -> None:
+    reason = probe.probe(torch.device("cpu"))
+    assert reason is not None and reason.startswith("no CUDA device")
+
+
+@no_cuda
+def test_probe_says_no_cuda_device() -> None:
+    assert probe.probe(torch.device("cuda")) == "no CUDA device"
+    assert probe.probe(torch.device("cuda", 1)) == "no CUDA device"
+
+
+@pytest.mark.parametrize(
+    ("archs", "capability", "expected"),
+    [
+        (["80", "90a", "100a", "120"], (9, 0), None),
+        (["80", "90a", "100a", "120"], (8, 6), None),  # sm_80 machine code runs on sm_86
+        (["80", "90a", "100a", "120"], (10, 3), None),  # PTX of compute_80 compiles there
+        (["80", "90a"], (7, 5), "built for sm_80;sm_90a, device is sm_75"),
+        (["90a"], (8, 0), "built for sm_90a, device is sm_80"),
+        (["90a"], (10, 0), "built for sm_90a, device is sm_100"),  # arch-specific: exact chip
+        (["80-real"], (9, 0), "built for sm_80-real, device is sm_90"),  # no PTX to JIT
+        (["80-real"], (8, 9), None),
+        (["120"], (12, 1), None),
+    ],
+)
+def test_arch_mismatch(archs: list[str], capability: tuple[int, int], expected: str | None) -> None:
+    assert probe.arch_mismatch(archs, capability) == expected
+
+
+def test_bad_arch_string_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="unrecognised CUDA architecture 'sm90'"):
+        probe.runs_on("sm90", (9, 0))
+
+
+def test_probe_reports_a_broken_extension(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(_ext, "import_error", lambda: "ImportError: libcuda.so.1: not found")
+    assert probe.probe(torch.device("cuda", 0)) == (
+        "extension failed to import: ImportError: libcuda.so.1: not found"
+    )
+
+
+def test_probe_reports_an_architecture_mismatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (7, 5))
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(_ext, "architectures", lambda: ["80", "90a"])
+    assert probe.probe(torch.device("cuda", 0)) == "built for sm_80;sm_90a, device is sm_75"
+
+
+def test_failed_import_is_remembered_with_its_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(name: str) -> None:
+        raise ImportError("undefined symbol: cudaLaunchKernel")
+
+    monkeypatch.setattr(_ext, "_module", None)
+    monkeypatch.setattr(_ext, "_error", None)
+    monkeypatch.setattr(_ext.importlib, "import_module", fail)
+    with pytest.raises(ImportError, match="undefined symbol: cudaLaunchKernel"):
+        _ext.load()
+    assert _ext.import_error() == "ImportError: undefined symbol: cudaLaunchKernel"
+
+
+@no_cuda
+def test_kernels_without_a_device_raise_a_clean_error() -> None:
+    logits = torch.randn(4, 10)
+    tokens = torch.randint(0, 10, (4,))
+    with pytest.raises(RuntimeError, match="need a CUDA device and none is available"):
+        logp.forward(logits, tokens, 1.0, -100, None, None, False)
+    with pytest.raises(RuntimeError, match="need a CUDA device"):
+        sample.sample(logits, 1.0, 0, 1.0, 0.0, torch.zeros(4, dtype=torch.int64))
+    with pytest.raises(RuntimeError, match="need a CUDA device"):
+        logp.backward(
+            torch.ones(4), None, logits, tokens, 1.0, -100, None, torch.zeros(4), None, False
+        )
+
+
+def test_integer_logits_are_a_type_error() -> None:
+    from rlk_cuda._launch import dtype_code
+
+    with pytest.raises(TypeError, match=r"float32, bfloat16 or float16 .* got torch.int32"):
+        dtype_code("logits", torch.zeros(2, 2, dtype=torch.int32))
+
+
+def test_registration() -> None:
+    from rlk.registry import Registry
+
+    ops = ("logp", "logp_entropy", "sample", "linear_logp", "linear_logp_entropy")
+    registry = Registry(ops)
+    plugin.rlk_register(registry)
+    backend = registry.backends["cuda"]
+    assert backend.priority == 200
+    assert backend.probe is probe.probe
+    for op in ops:
+        (kernel,) = registry.kernels[op]
+        assert kernel.devices == ("cuda",)
+        assert torch.bfloat16 in (kernel.dtypes or ())
+    assert "batch_invariant" in registry.kernels["logp"][0].properties
+    assert registry.kernels["logp"][0].backward_target == "rlk_cuda.logp:backward"
+
+
+def test_registration_skips_ops_core_does_not_define() -> None:
+    from rlk.registry import Registry
+
+    registry = Registry(("logp",))
+    plugin.rlk_register(registry)
+    assert [k.op for ks in registry.kernels.values() for k in ks] == ["logp"]
+
+
+def test_linear_check_rejects_vocabulary_parallel_for_now() -> None:
+    hidden, weight = torch.randn(2, 4), torch.randn(8, 4)
+    tokens = torch.zeros(2, dtype=torch.int64)
+    assert linear.check(hidden, weight, tokens, None, 1.0, -100) is None
+    reason = linear.check(hidden, weight, tokens, None, 1.0, -100, group=object())
+    assert reason is not None and "group=" in reason
+
+
+def test_chunk_budget_must_be_positive(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLK_CUDA_CHUNK_MB", "0")
+    with pytest.raises(ValueError, match="RLK_CUDA_CHUNK_MB must be > 0, got '0'"):
+        linear.chunk_bytes()

@@ -1,0 +1,100 @@
+"""sample kernel: support of the filtered distribution, logp bit-equality, processed_logp,
+determinism per seed, batch invariance and the empirical distribution."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from rlk.testing.poison import poisoned_allocations
+from tests_reference import truncated_log_probs
+
+from rlk_cuda import logp as logp_kernels
+from rlk_cuda.sample import sample
+
+pytestmark = pytest.mark.gpu
+
+SETTINGS = [
+    (1.0, 50, 0.9, 0.0),  # the benchmark's setting
+    (0.7, 0, 0.9, 0.0),  # top-p alone: large nuclei take the exact slow route
+    (1.0, 0, 1.0, 0.05),  # min-p alone
+    (1.3, 20, 1.0, 0.0),
+    (1.0, 0, 1.0, 0.0),  # plain sampling
+    (0.8, 3000, 0.95, 0.01),  # top-k beyond the shared-memory capacity
+]
+
+
+def _logits(batch: int, vocab: int, dtype: torch.dtype, seed: int, scale: float = 3.0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.randn(batch, vocab, generator=gen, device="cuda") * scale).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("temperature", "top_k", "top_p", "min_p"), SETTINGS)
+def test_sample_against_float64(
+    dtype: torch.dtype, temperature: float, top_k: int, top_p: float, min_p: float
+) -> None:
+    batch, vocab = 24, 20000
+    logits = _logits(batch, vocab, dtype, seed=top_k + 7)
+    seeds = torch.randint(0, 2**62, (batch,), device="cuda")
+    with poisoned_allocations():
+        tokens, lp, plp = sample(logits, temperature, top_k, top_p, min_p, seeds)
+    ref = truncated_log_probs(logits, temperature, top_k, top_p, min_p)
+    picked = ref.gather(1, tokens.unsqueeze(1)).squeeze(1)
+    assert torch.isfinite(picked).all(), "a token outside the filtered support was drawn"
+    assert (plp.double() - picked).abs().max() < 1e-4
+    same, _, _ = logp_kernels.forward(logits, tokens, temperature, -100, None, None, False)
+    assert torch.equal(lp, same), "sample's logp must equal this backend's logp bit for bit"
+
+
+def test_greedy_and_special_rows() -> None:
+    logits = _logits(5, 3000, torch.float32, seed=1)
+    logits[1, 10] = logits[1, 20] = logits[1].max() + 1  # tie: first index wins
+    logits[2] = float("-inf")
+    logits[3, 5] = float("nan")
+    seeds = torch.arange(5, device="cuda")
+    tokens, lp, plp = sample(logits, 0.0, 0, 1.0, 0.0, seeds)
+    assert tokens[0] == logits[0].argmax() and tokens[1] == 10 and tokens[4] == logits[4].argmax()
+    assert tokens[2] == -1 and tokens[3] == -1
+    assert lp[2].isnan() and plp[2].isnan() and lp[3].isnan()
+    assert plp[0] == 0
+    same, _, _ = logp_kernels.forward(
+        logits[[0, 1, 4]], tokens[[0, 1, 4]], 1.0, -100, None, None, False
+    )
+    assert torch.equal(lp[[0, 1, 4]], same)
+
+
+def test_seed_determinism_and_batch_invariance() -> None:
+    logits = _logits(32, 151936, torch.bfloat16, seed=4)
+    seeds = torch.randint(0, 2**62, (32,), device="cuda")
+    a = sample(logits, 1.0, 50, 0.9, 0.0, seeds)
+    b = sample(logits, 1.0, 50, 0.9, 0.0, seeds)
+    part = sample(logits[9:12], 1.0, 50, 0.9, 0.0, seeds[9:12])
+    for x, y, z in zip(a, b, part, strict=True):
+        assert torch.equal(x, y)
+        assert torch.equal(x[9:12], z)
+    other = sample(logits, 1.0, 50, 0.9, 0.0, seeds + 1)
+    assert not torch.equal(a[0], other[0])
+
+
+def test_all_equal_row_keeps_every_tie() -> None:
+    logits = torch.zeros(2, 5000, device="cuda") + 0.25  # ties everywhere: exact slow route
+    seeds = torch.tensor([3, 4], device="cuda")
+    tokens, _, plp = sample(logits, 1.0, 10, 1.0, 0.0, seeds)
+    assert ((tokens >= 0) & (tokens < 5000)).all()
+    torch.testing.assert_close(plp, torch.full_like(plp, -torch.log(torch.tensor(5000.0)).item()))
+
+
+@pytest.mark.parametrize(
+    ("top_k", "top_p", "min_p"), [(0, 1.0, 0.0), (4, 1.0, 0.0), (0, 0.8, 0.0), (6, 0.9, 0.1)]
+)
+def test_empirical_distribution(top_k: int, top_p: float, min_p: float) -> None:
+    vocab, draws = 12, 40000
+    base = torch.randn(1, vocab, device="cuda") * 1.5
+    logits = base.expand(draws, vocab).contiguous()
+    seeds = torch.randint(0, 2**62, (draws,), device="cuda")
+    tokens, _, _ = sample(logits, 0.9, top_k, top_p, min_p, seeds)
+    freq = torch.bincount(tokens, minlength=vocab).double() / draws
+    want = truncated_log_probs(base, 0.9, top_k, top_p, min_p)[0].exp()
+    assert (freq[want == 0] == 0).all()
+    sigma = (want * (1 - want) / draws).sqrt()
+    assert ((freq - want).abs() <= 5 * sigma + 1e-9).all(), (freq, want)

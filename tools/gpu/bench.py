@@ -1,0 +1,255 @@
+"""Timing table for rlk-cuda's kernels on the GPU machine, peers measured in the same run.
+
+CUDA events, warm-up, median of repetitions, rotating input buffers; the device's copy
+bandwidth and bf16 GEMM rate are measured first so every row carries its roofline share.
+Writes JSON and Markdown to the directory given as the first argument.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlk_cuda import linear, logp, sample
+
+GIB = 2**30
+ROWS: list[dict[str, Any]] = []
+
+
+def timed(fn: Callable[[int], object], reps: int = 20, warmup: int = 3) -> float:
+    """Median milliseconds of fn(i) over `reps` calls (i picks the rotating input)."""
+    for i in range(warmup):
+        fn(i)
+    torch.cuda.synchronize()
+    times = []
+    for i in range(reps):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(i)
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return statistics.median(times)
+
+
+def extra_memory(fn: Callable[[], object]) -> float:
+    """GiB allocated above what was live before the call (peak minus baseline)."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    result = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    del result
+    return (peak - base) / GIB
+
+
+def record(op: str, impl: str, shape: str, ms: float | None, status: str = "pass",
+           **extra: Any) -> None:
+    row = {"op": op, "impl": impl, "shape": shape, "ms": ms, "status": status, **extra}
+    ROWS.append(row)
+    print(json.dumps(row), flush=True)
+
+
+def attempt(op: str, impl: str, shape: str, body: Callable[[], dict[str, Any]]) -> None:
+    try:
+        record(op, impl, shape, status="pass", **body())
+    except torch.OutOfMemoryError as exc:
+        record(op, impl, shape, None, status="oom", error=str(exc).splitlines()[0])
+    except Exception as exc:  # noqa: BLE001 - a failing peer must not end the table
+        record(op, impl, shape, None, status="failure", error=f"{type(exc).__name__}: {exc}"[:300])
+    torch.cuda.empty_cache()
+
+
+def ceilings() -> tuple[float, float]:
+    src = torch.randn(GIB // 4 * 2, device="cuda")
+    dst = torch.empty_like(src)
+    ms = timed(lambda i: dst.copy_(src), reps=20)
+    copy_gbs = 2 * src.numel() * 4 / ms / 1e6
+    record("ceiling", "copy", "2 GiB fp32", ms=ms, gb_per_s=copy_gbs)
+    del src, dst
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = timed(lambda i: a @ b, reps=10)
+    tflops = 2 * 8192**3 / ms / 1e9
+    record("ceiling", "gemm", "8192^3 bf16", ms=ms, tflops=tflops)
+    return copy_gbs, tflops
+
+
+def eager_logp(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    return torch.log_softmax(x.float(), -1).gather(-1, t.unsqueeze(-1)).squeeze(-1)
+
+
+def bench_logp(n: int, vocab: int, copy_gbs: float, with_backward: bool) -> None:
+    dtype = torch.bfloat16
+    nbuf = 2 if n * vocab * 2 > 8 * GIB else 3
+    xs = [torch.randn(n, vocab, device="cuda").mul_(3).to(dtype) for _ in range(nbuf)]
+    toks = [torch.randint(0, vocab, (n,), device="cuda") for _ in range(nbuf)]
+    shape = f"N={n} V={vocab} bf16"
+    read = n * vocab * 2
+    op = "logp fwd+bwd" if with_backward else "logp fwd"
+
+    def ours(i: int) -> torch.Tensor:
+        j = i % nbuf
+        lp, _, lse = logp.forward(xs[j], toks[j], 1.0, -100, None, None, False)
+        if not with_backward:
+            return lp
+        g = torch.ones_like(lp)
+        return logp.backward(g, None, xs[j], toks[j], 1.0, -100, None, lse, None, False)
+
+    def body() -> dict[str, Any]:
+        ms = timed(ours)
+        moved = read * (3 if with_backward else 1)
+        out: dict[str, Any] = {"ms": ms, "pct_of_copy_bw": 100 * moved / ms / 1e6 / copy_gbs}
+        out["extra_gib"] = extra_memory(lambda: ours(0))
+        if not with_backward:
+            rows = slice(0, 256)
+            want = torch.log_softmax(xs[0][rows].double(), -1).gather(
+                -1, toks[0][rows].unsqueeze(-1)).squeeze(-1)
+            got = ours(0)[rows]
+            out["max_abs_err_vs_f64"] = float((got.double() - want).abs().max())
+        return out
+
+    attempt(op, "rlk_cuda", shape, body)
+
+    def peer(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable[[int], Any]:
+        def run(i: int) -> Any:
+            j = i % nbuf
+            if not with_backward:
+                with torch.no_grad():
+                    return fn(xs[j], toks[j])
+            x = xs[j].detach().requires_grad_(True)
+            fn(x, toks[j]).sum().backward()
+            return x.grad
+        return run
+
+    for name, fn in (("torch eager", eager_logp), ("torch.compile", torch.compile(eager_logp))):
+        def peer_body(fn: Callable[..., Any] = fn) -> dict[str, Any]:
+            run = peer(fn)
+            ms = timed(run, reps=10)
+            return {"ms": ms, "extra_gib": extra_memory(lambda: run(0))}
+        attempt(op, name, shape, peer_body)
+    del xs, toks
+
+
+def bench_sample(copy_gbs: float) -> None:
+    batch, vocab = 256, 151936
+    shape = f"B={batch} V={vocab} fp32 top_k=50 top_p=0.9"
+    xs = [torch.randn(batch, vocab, device="cuda") * 3 for _ in range(4)]
+    seeds = torch.randint(0, 2**62, (batch,), device="cuda")
+
+    def body() -> dict[str, Any]:
+        ms = timed(lambda i: sample.sample(xs[i % 4], 1.0, 50, 0.9, 0.0, seeds), reps=50)
+        return {"ms": ms, "pct_of_copy_bw_one_pass": 100 * batch * vocab * 4 / ms / 1e6 / copy_gbs}
+    attempt("sample", "rlk_cuda", shape, body)
+
+    def torch_sort(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        vals, idx = torch.topk(x, 50, dim=-1)
+        probs = torch.softmax(vals, -1)
+        cum = probs.cumsum(-1)
+        vals = vals.masked_fill(cum - probs > 0.9, float("-inf"))
+        pick = torch.multinomial(torch.softmax(vals, -1), 1).squeeze(-1)
+        tok = idx.gather(-1, pick.unsqueeze(-1)).squeeze(-1)
+        return tok, torch.log_softmax(x, -1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+
+    attempt("sample", "torch topk+multinomial", shape,
+            lambda: {"ms": timed(lambda i: torch_sort(xs[i % 4]), reps=20)})
+
+    def torch_full_sort(x: torch.Tensor) -> torch.Tensor:
+        vals, idx = torch.sort(x, descending=True)
+        vals[:, 50:] = float("-inf")
+        probs = torch.softmax(vals, -1)
+        cum = probs.cumsum(-1)
+        vals = vals.masked_fill(cum - probs > 0.9, float("-inf"))
+        pick = torch.multinomial(torch.softmax(vals, -1), 1)
+        return idx.gather(-1, pick)
+
+    attempt("sample", "torch sort-based", shape,
+            lambda: {"ms": timed(lambda i: torch_full_sort(xs[i % 4]), reps=10)})
+
+
+def bench_linear(tflops: float) -> None:
+    n, h, vocab = 8192, 4096, 151936
+    dtype = torch.bfloat16
+    shape = f"N={n} H={h} V={vocab} bf16"
+    hidden = torch.randn(n, h, device="cuda", dtype=dtype) / 8
+    weight = torch.randn(vocab, h, device="cuda", dtype=dtype) / 8
+    tokens = torch.randint(0, vocab, (n,), device="cuda")
+    g = torch.randn(n, device="cuda")
+
+    def gemms() -> dict[str, Any]:
+        logits = hidden @ weight.t()
+        t1 = timed(lambda i: torch.mm(hidden, weight.t(), out=logits), reps=5)
+        t2 = timed(lambda i: logits @ weight, reps=5)
+        t3 = timed(lambda i: logits.t() @ hidden, reps=5)
+        del logits
+        return {"ms": 2 * t1 + t2 + t3, "one_gemm_ms": t1,
+                "tflops_one_gemm": 2 * n * h * vocab / t1 / 1e9}
+    attempt("linear_logp 4 GEMMs", "torch mm", shape, gemms)
+    gemm = next((r for r in ROWS if r["op"] == "linear_logp 4 GEMMs" and r["ms"]), None)
+
+    def fwd() -> dict[str, Any]:
+        run = lambda i: linear.forward(hidden, weight, tokens, None, 1.0, -100, False, None)  # noqa: E731
+        ms = timed(run, reps=5, warmup=2)
+        out = {"ms": ms, "extra_gib": extra_memory(lambda: run(0))}
+        if gemm:
+            out["x_one_gemm"] = ms / gemm["one_gemm_ms"]
+        return out
+    attempt("linear_logp fwd", "rlk_cuda", shape, fwd)
+
+    def fwd_bwd() -> dict[str, Any]:
+        def run(i: int) -> Any:
+            lp, ent, lse = linear.forward(hidden, weight, tokens, None, 1.0, -100, False, None)
+            return linear.backward(g, None, hidden, weight, tokens, None, 1.0, -100, None, lse,
+                                   None, (True, True, False))
+        ms = timed(run, reps=3, warmup=1)
+        out = {"ms": ms, "extra_gib_beyond_grads": extra_memory(lambda: run(0)) - (
+            (n * h + vocab * h) * 2) / GIB}
+        if gemm:
+            out["x_four_gemms"] = ms / gemm["ms"]
+        return out
+    attempt("linear_logp fwd+bwd", "rlk_cuda", shape, fwd_bwd)
+
+
+def main() -> None:
+    out_dir = Path(sys.argv[1])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    began = time.time()
+    copy_gbs, tflops = ceilings()
+    for n in (8192, 32768):
+        bench_logp(n, 151936, copy_gbs, with_backward=False)
+    bench_logp(8192, 151936, copy_gbs, with_backward=True)
+    bench_sample(copy_gbs)
+    bench_linear(tflops)
+    meta = {
+        "device": torch.cuda.get_device_name(),
+        "capability": torch.cuda.get_device_capability(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
+                                 text=True).stdout.strip(),
+        "command": "tools/gpu/check.sh",
+        "seconds": round(time.time() - began, 1),
+    }
+    (out_dir / "cuda-h200.json").write_text(json.dumps({"meta": meta, "rows": ROWS}, indent=1))
+    lines = ["| op | impl | shape | ms | notes |", "| --- | --- | --- | --- | --- |"]
+    for r in ROWS:
+        notes = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                          for k, v in r.items() if k not in ("op", "impl", "shape", "ms"))
+        ms = "-" if r["ms"] is None else f"{r['ms']:.3f}"
+        lines.append(f"| {r['op']} | {r['impl']} | {r['shape']} | {ms} | {notes} |")
+    table = "\n".join(lines)
+    (out_dir / "cuda-h200.md").write_text(f"{json.dumps(meta)}\n\n{table}\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# rlk-cuda on the GPU machine: build the extension, run the GPU tests (and the core
+# conformance kit on the cuda backend), optionally compute-sanitizer, then the timing table.
+# Usage (repository root): tools/gpu/check.sh [--sanitize]   results go to $OUT (or ./bench-results)
+set -uo pipefail
+OUT="${OUT:-$PWD/bench-results}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+export RLK_CUDA_ARCHITECTURES="${RLK_CUDA_ARCHITECTURES:-90a}"
+PY="${PYTHON:-python3}"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/device.txt"
+
+step() { echo "=== $* ($(date +%T))"; }
+step build
+"$PY" -m pip install -q --no-build-isolation --no-deps packages/rlk-core 2>&1 | tail -3
+"$PY" -m pip install --no-build-isolation --no-deps -v packages/rlk-cuda >"$OUT/build.log" 2>&1 \
+  || { tail -40 "$OUT/build.log"; exit 1; }
+grep -E "rlk-cuda: building|Linking" "$OUT/build.log"
+
+step gpu tests
+(cd packages/rlk-cuda && "$PY" -m pytest -q --maxfail=40 -p no:cacheprovider tests 2>&1 | tee "$OUT/tests.log" | tail -25)
+if "$PY" -c "import rlk.testing" 2>/dev/null; then
+  step conformance kit
+  RLK_STRICT_PLUGINS=1 "$PY" -m pytest -q -p no:cacheprovider --pyargs rlk.testing --rlk-backend cuda 2>&1 \
+    | tee "$OUT/conformance.log" | tail -15
+fi
+if [[ "${1:-}" == "--sanitize" ]]; then
+  step compute-sanitizer memcheck
+  (cd packages/rlk-cuda && compute-sanitizer --tool memcheck --print-limit 20 "$PY" -m pytest -q -x \
+     -p no:cacheprovider tests/test_gpu_logp.py tests/test_gpu_sample.py -k "not 151936 and not empirical" \
+     2>&1 | tail -20 | tee "$OUT/memcheck.log")
+fi
+step benchmark
+"$PY" tools/gpu/bench.py "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -30
+step done

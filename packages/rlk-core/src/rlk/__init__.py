@@ -13,6 +13,7 @@ from rlk.config import check_inputs
 from rlk.dispatch import use_backends
 from rlk.errors import BackendUnavailableError, PluginError
 from rlk.introspect import BackendInfo, backends, explain
+from rlk.ops.advantages import group_advantages
 from rlk.ops.linear_logp import linear_logp, linear_logp_entropy
 from rlk.ops.logp import logp, logp_entropy
 from rlk.plugins import PLUGIN_API_VERSION, hookimpl
@@ -27,6 +28,7 @@ __all__ = [
     "check_inputs",
     "distributed",
     "explain",
+    "group_advantages",
     "hookimpl",
     "linear_logp",
     "linear_logp_entropy",

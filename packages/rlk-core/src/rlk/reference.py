@@ -106,3 +106,36 @@ def linear_logp_entropy_grad(
     grads = torch.autograd.grad(total, inputs, allow_unused=True)
     zero = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs, strict=True)]
     return zero[0], zero[1], (zero[2] if bias64 is not None else None)
+
+
+def group_advantages(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    *,
+    normalize: str = "std",
+    baseline: str = "mean",
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Float64 group advantages, one group at a time.
+
+    baseline "mean": reward minus the group mean; "loo": minus the mean of the
+    other members (0 for a group of one). normalize "std": divided by the group's
+    sample std (Bessel-corrected; 0 for a group of one) plus eps. Constant groups give 0.
+    """
+    values = rewards.detach().to(torch.float64)
+    out = torch.zeros_like(values)
+    for group in torch.unique(group_ids):
+        members = (group_ids == group).nonzero().squeeze(1)
+        r = values[members]
+        size = r.numel()
+        if baseline == "mean":
+            adv = r - r.mean()
+        else:
+            adv = r - (r.sum() - r) / max(size - 1, 1) if size > 1 else torch.zeros_like(r)
+        if normalize == "std":
+            std = r.std() if size > 1 else torch.zeros((), dtype=torch.float64)
+            adv = adv / (std + eps) if bool(std > 0) or eps > 0 else torch.zeros_like(r)
+        if bool((r == r[0]).all()):
+            adv = torch.zeros_like(r)
+        out[members] = adv
+    return out

@@ -20,7 +20,8 @@ OP_NAMES = (
 
 def specs() -> dict[str, OpSpec]:
     """Every op's spec, by name (imports the op modules, which registers the torch ops)."""
-    from rlk.ops import linear_logp, logp
+    from rlk.ops import advantages, linear_logp, logp
 
-    found = {spec.name: spec for module in (logp, linear_logp) for spec in module.SPECS}
+    modules = (logp, linear_logp, advantages)
+    found = {spec.name: spec for module in modules for spec in module.SPECS}
     return found

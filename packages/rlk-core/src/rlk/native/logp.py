@@ -49,10 +49,10 @@ def forward(logits: Tensor, tokens: Tensor, temperature: Temperature, ignore_ind
             with_entropy: bool) -> tuple[Tensor, Tensor | None, Tensor]:
     num_rows, vocab = logits.shape
     total = num_rows if rows is None else rows.shape[0]
-    options = {"dtype": torch.float32, "device": logits.device}
-    logp = torch.empty(total, **options) if out is None else out
-    entropy = torch.empty(total, **options) if with_entropy else None
-    lse = torch.empty(total, **options)
+    device = logits.device
+    logp = torch.empty(total, dtype=torch.float32, device=device) if out is None else out
+    entropy = torch.empty(total, dtype=torch.float32, device=device) if with_entropy else None
+    lse = torch.empty(total, dtype=torch.float32, device=device)
     for start, stop, index in _chunks(total, vocab, rows):
         x = _scaled(logits, temperature, start, stop, index)
         chunk_lse = torch.logsumexp(x, dim=1)

@@ -432,12 +432,12 @@ def _grad_check(kernel: Any, args: dict[str, Any], gen: torch.Generator):
     forward_args = dict(args, out=None)
     _, entropy, lse = kernel.forward(**forward_args)
 
-    def upstream(values: Tensor | None) -> Tensor | None:
-        if values is None or rows is None:
+    def upstream(values: Tensor) -> Tensor:
+        if rows is None:
             return values
         return torch.zeros(logits.shape[0], device=values.device).index_copy(0, rows, values)
 
-    upstream_entropy = upstream(grad_entropy)
+    upstream_entropy = None if grad_entropy is None else upstream(grad_entropy)
     expected = reference.logp_entropy_grad(
         logits, tokens, upstream(grad_logp), upstream_entropy,
         temperature=args["temperature"], ignore_index=args["ignore_index"],

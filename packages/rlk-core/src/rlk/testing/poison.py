@@ -42,10 +42,10 @@ def poisoned_allocations() -> Iterator[None]:
     def new_empty(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         return _poison(real_new_empty(self, *args, **kwargs))
 
-    torch.empty, torch.empty_like = empty, empty_like  # type: ignore[assignment]
+    torch.empty, torch.empty_like = empty, empty_like
     torch.Tensor.new_empty = new_empty  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
-        torch.empty, torch.empty_like = real_empty, real_empty_like  # type: ignore[assignment]
+        torch.empty, torch.empty_like = real_empty, real_empty_like
         torch.Tensor.new_empty = real_new_empty  # type: ignore[method-assign]

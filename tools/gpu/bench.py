@@ -8,6 +8,7 @@ Writes JSON and Markdown to the directory given as the first argument.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -140,6 +141,24 @@ def bench_logp(n: int, vocab: int, copy_gbs: float, with_backward: bool) -> None
     del xs, toks
 
 
+def bench_logp_backward(n: int, vocab: int, copy_gbs: float) -> None:
+    """The backward alone, writing the gradient in place of the logits (read + write once)."""
+    xs = [torch.randn(n, vocab, device="cuda").mul_(3).to(torch.bfloat16) for _ in range(3)]
+    toks = [torch.randint(0, vocab, (n,), device="cuda") for _ in range(3)]
+    stats = [logp.forward(x, t, 1.0, -100, None, None, False) for x, t in zip(xs, toks)]
+    g = torch.randn(n, device="cuda")
+
+    def body() -> dict[str, Any]:
+        def run(i: int) -> Any:
+            j = i % 3
+            return logp.backward(g, None, xs[j], toks[j], 1.0, -100, None, stats[j][2], None,
+                                 True)
+        ms = timed(run)
+        return {"ms": ms, "pct_of_copy_bw": 100 * 2 * n * vocab * 2 / ms / 1e6 / copy_gbs,
+                "extra_gib": extra_memory(lambda: run(0))}
+    attempt("logp bwd inplace", "rlk_cuda", f"N={n} V={vocab} bf16", body)
+
+
 def bench_sample(copy_gbs: float) -> None:
     batch, vocab = 256, 151936
     shape = f"B={batch} V={vocab} fp32 top_k=50 top_p=0.9"
@@ -227,6 +246,7 @@ def main() -> None:
     for n in (8192, 32768):
         bench_logp(n, 151936, copy_gbs, with_backward=False)
     bench_logp(8192, 151936, copy_gbs, with_backward=True)
+    bench_logp_backward(8192, 151936, copy_gbs)
     bench_sample(copy_gbs)
     bench_linear(tflops)
     meta = {
@@ -234,8 +254,8 @@ def main() -> None:
         "capability": torch.cuda.get_device_capability(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                                 text=True).stdout.strip(),
+        "commit": os.environ.get("RLK_COMMIT") or subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
         "command": "tools/gpu/check.sh",
         "seconds": round(time.time() - began, 1),
     }

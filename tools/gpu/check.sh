@@ -21,15 +21,16 @@ step gpu tests
 (cd packages/rlk-cuda && "$PY" -m pytest -q --maxfail=40 -p no:cacheprovider tests 2>&1 | tee "$OUT/tests.log" | tail -25)
 if "$PY" -c "import rlk.testing" 2>/dev/null; then
   step conformance kit
-  RLK_STRICT_PLUGINS=1 "$PY" -m pytest -q -p no:cacheprovider --pyargs rlk.testing --rlk-backend cuda 2>&1 \
-    | tee "$OUT/conformance.log" | tail -15
-fi
-if [[ "${1:-}" == "--sanitize" ]]; then
-  step compute-sanitizer memcheck
-  (cd packages/rlk-cuda && compute-sanitizer --tool memcheck --print-limit 20 "$PY" -m pytest -q -x \
-     -p no:cacheprovider tests/test_gpu_logp.py tests/test_gpu_sample.py -k "not 151936 and not empirical" \
-     2>&1 | tail -20 | tee "$OUT/memcheck.log")
+  # from an empty folder, so that no repository conftest joins in
+  (cd "$(mktemp -d)" && RLK_STRICT_PLUGINS=1 "$PY" -m pytest -q -p no:cacheprovider \
+     --pyargs rlk.testing --rlk-backend cuda 2>&1 | tee "$OUT/conformance.log" | tail -15)
 fi
 step benchmark
 "$PY" tools/gpu/bench.py "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -30
+if [[ "${1:-}" == "--sanitize" ]]; then
+  step compute-sanitizer memcheck
+  (cd packages/rlk-cuda && compute-sanitizer --tool memcheck --print-limit 20 "$PY" -m pytest -q -x \
+     -p no:cacheprovider tests/test_gpu_logp.py tests/test_gpu_sample.py -k "not 151936 and not empirical and not invariant and not determinism" \
+     2>&1 | tail -20 | tee "$OUT/memcheck.log")
+fi
 step done

@@ -32,10 +32,7 @@ __device__ __forceinline__ float to_float(f16_t v) {
 template <typename T> __device__ __forceinline__ T from_float(float f);
 template <> __device__ __forceinline__ float from_float<float>(float f) { return f; }
 template <> __device__ __forceinline__ bf16_t from_float<bf16_t>(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_t{static_cast<uint16_t>((u >> 16) | 0x40u)};
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  return bf16_t{static_cast<uint16_t>(u >> 16)};
+  return bf16_t{static_cast<uint16_t>(bf16_bits(f))};
 }
 template <> __device__ __forceinline__ f16_t from_float<f16_t>(float f) {
   return f16_t{__half_as_ushort(__float2half_rn(f))};
@@ -58,6 +55,16 @@ __device__ __forceinline__ uint4 pack(const float (&in)[VecWidth<T>::value]) {
 #pragma unroll
   for (int i = 0; i < VecWidth<T>::value; ++i) e[i] = from_float<T>(in[i]);
   return v;
+}
+template <>
+__device__ __forceinline__ uint4 pack<bf16_t>(const float (&in)[8]) {
+  return make_uint4(pack_bf16x2(in[0], in[1]), pack_bf16x2(in[2], in[3]),
+                    pack_bf16x2(in[4], in[5]), pack_bf16x2(in[6], in[7]));
+}
+template <>
+__device__ __forceinline__ uint4 pack<f16_t>(const float (&in)[8]) {
+  return make_uint4(pack_f16x2(in[0], in[1]), pack_f16x2(in[2], in[3]),
+                    pack_f16x2(in[4], in[5]), pack_f16x2(in[6], in[7]));
 }
 
 // Elements before the first 16-byte boundary of a row (rows may start unaligned).

@@ -96,7 +96,27 @@ __global__ void __launch_bounds__(THREADS) logp_bwd_kernel(LogpBwdArgs a) {
   const int64_t nv = (V - h_in) / W;
   const uint4* v4 = reinterpret_cast<const uint4*>(p + h_in);
   uint4* o4 = reinterpret_cast<uint4*>(o + h_in);
-  constexpr int U = 2;
+  // One 16-byte vector: the token test is one 32-bit compare per element.
+  auto vec = [&](const uint4& r, int64_t j) {
+    float x[W];
+    if (mode == 2) {
+      unpack<T>(r, x);
+      const int64_t dk = ltok - (h_in + j * W);
+      const int kt = (dk >= 0 && dk < W) ? static_cast<int>(dk) : -1;
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const float t = fmaf(x[k], inv_t, -lse);
+        const float pr = exp2f(t * kLog2e);
+        x[k] = ENT ? pr * fmaf(c2, t, c1) : pr * c1;
+        if (k == kt) x[k] += ctok;
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < W; ++k) x[k] = fill;
+    }
+    store_stream(o4 + j, pack<T>(x));
+  };
+  constexpr int U = 4;
   int64_t j = tid;
   for (; j + (U - 1) * THREADS < nv; j += U * THREADS) {
     uint4 r[U];
@@ -105,22 +125,12 @@ __global__ void __launch_bounds__(THREADS) logp_bwd_kernel(LogpBwdArgs a) {
       for (int u = 0; u < U; ++u) r[u] = load_stream(v4 + j + u * THREADS);
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      float x[W];
-      if (mode == 2) unpack<T>(r[u], x);
-      const int64_t base = h_in + (j + u * THREADS) * W;
-#pragma unroll
-      for (int k = 0; k < W; ++k) x[k] = grad_of(base + k, mode == 2 ? x[k] : 0.f);
-      store_stream(o4 + j + u * THREADS, pack<T>(x));
-    }
+    for (int u = 0; u < U; ++u) vec(r[u], j + u * THREADS);
   }
   for (; j < nv; j += THREADS) {
-    float x[W];
-    if (mode == 2) unpack<T>(load_stream(v4 + j), x);
-    const int64_t base = h_in + j * W;
-#pragma unroll
-    for (int k = 0; k < W; ++k) x[k] = grad_of(base + k, mode == 2 ? x[k] : 0.f);
-    store_stream(o4 + j, pack<T>(x));
+    uint4 r;
+    if (mode == 2) r = load_stream(v4 + j);
+    vec(r, j);
   }
   const int64_t t = h_in + nv * W + tid;
   if (t < V) o[t] = from_float<T>(grad_of(t, mode == 2 ? to_float(p[t]) : 0.f));

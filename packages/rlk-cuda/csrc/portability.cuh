@@ -117,4 +117,34 @@ __device__ __forceinline__ void store_stream(uint4* p, uint4 v) {
 #endif
 }
 
+// Two floats to packed bf16x2 / f16x2 (round to nearest even, NaN kept). `lo` goes to the
+// lower address. Hardware conversion on sm_80+, bit arithmetic elsewhere.
+__device__ __forceinline__ uint32_t bf16_bits(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return u >> 16;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+#if !RLK_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return bf16_bits(lo) | (bf16_bits(hi) << 16);
+#endif
+}
+
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+#if !RLK_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return static_cast<uint32_t>(__half_as_ushort(__float2half_rn(lo))) |
+         (static_cast<uint32_t>(__half_as_ushort(__float2half_rn(hi))) << 16);
+#endif
+}
+
 }  // namespace rlk

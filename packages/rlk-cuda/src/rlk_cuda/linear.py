@@ -47,6 +47,17 @@ def check(
     return None
 
 
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """A second stream per device for the logp kernels that overlap the GEMMs."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SIDE_STREAMS:
+        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
+    return _SIDE_STREAMS[index]
+
+
 def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> Tensor:
     if bias is None:
         return torch.mm(hidden, weight.t(), out=out)
@@ -73,29 +84,32 @@ def forward(
     logp = f32_empty(num, device=device)
     entropy = f32_empty(num, device=device) if with_entropy else None
     lse = f32_empty(num, device=device)
-    step = max(1, min(num, chunk_bytes() // (vocab * hidden.element_size())))
-    buffer = torch.empty(step * vocab, dtype=hidden.dtype, device=hidden.device)
+    # Two half-budget buffers: the logp kernel of one chunk (memory-bound, side stream) runs
+    # under the GEMM of the next (compute-bound, caller's stream).
+    step = chunk_bytes() // 2 // (vocab * hidden.element_size())
+    step = max(1, min(num, (step // 128) * 128 or step))
+    buffers = [torch.empty(step * vocab, dtype=hidden.dtype, device=device) for _ in range(2)]
     tokens = tokens.to(torch.int64)
-    for start in range(0, num, step):
+    main = torch.cuda.current_stream(device)
+    side = _side_stream(device)
+    side.wait_stream(main)
+    free: list[torch.cuda.Event | None] = [None, None]
+    for chunk, start in enumerate(range(0, num, step)):
         stop = min(num, start + step)
-        logits = _logits(
-            hidden[start:stop],
-            weight,
-            bias,
-            buffer[: (stop - start) * vocab].view(stop - start, vocab),
-        )
+        slot = chunk % 2
+        event = free[slot]
+        if event is not None:
+            main.wait_event(event)
+        view = buffers[slot][: (stop - start) * vocab].view(stop - start, vocab)
+        logits = _logits(hidden[start:stop], weight, bias, view)
+        side.wait_event(main.record_event())
         temp = temperature[start:stop] if isinstance(temperature, Tensor) else temperature
-        launch_forward(
-            logits,
-            tokens[start:stop],
-            temp,
-            ignore_index,
-            None,
-            logp[start:stop],
-            None if entropy is None else entropy[start:stop],
-            lse[start:stop],
-            None,
-        )
+        with torch.cuda.stream(side):
+            launch_forward(logits, tokens[start:stop], temp, ignore_index, None,
+                           logp[start:stop], None if entropy is None else entropy[start:stop],
+                           lse[start:stop], None)
+        free[slot] = side.record_event()
+    main.wait_stream(side)
     return logp, entropy, lse
 
 

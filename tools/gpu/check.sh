@@ -29,7 +29,7 @@ step benchmark
 "$PY" tools/gpu/bench.py "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -30
 if [[ "${1:-}" == "--sanitize" ]]; then
   step compute-sanitizer memcheck
-  (cd packages/rlk-cuda && compute-sanitizer --tool memcheck --print-limit 20 "$PY" -m pytest -q -x \
+  (cd packages/rlk-cuda && timeout "${RLK_SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool memcheck --print-limit 20 "$PY" -m pytest -q -x \
      -p no:cacheprovider tests/test_gpu_logp.py tests/test_gpu_sample.py -k "not 151936 and not empirical and not invariant and not determinism" \
      2>&1 | tail -20 | tee "$OUT/memcheck.log")
 fi

@@ -40,8 +40,9 @@ def tests(session: nox.Session) -> None:
     """Every CPU test: core, plugins through entry points, the conformance kit on native."""
     _install_core(session, "[dev]")
     session.install("-e", TEST_BACKEND, *[arg for p in PURE_PLUGINS for arg in ("-e", p)])
-    session.run("python", "-m", "pytest", "packages/rlk-core/tests", "tests",
-                *[f"{p}/tests" for p in PURE_PLUGINS], *session.posargs, env=STRICT_ENV)
+    # One pytest process per package: each package's test helpers stay its own.
+    for suite in ("packages/rlk-core/tests", "tests", *[f"{p}/tests" for p in PURE_PLUGINS]):
+        session.run("python", "-m", "pytest", suite, *session.posargs, env=STRICT_ENV)
     session.run("python", "-m", "pytest", "--pyargs", "rlk.testing", "--rlk-backend", "native",
                 "-q", env=STRICT_ENV)
 

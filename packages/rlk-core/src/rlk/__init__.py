@@ -16,6 +16,7 @@ from rlk.introspect import BackendInfo, backends, explain
 from rlk.ops.advantages import group_advantages
 from rlk.ops.linear_logp import linear_logp, linear_logp_entropy
 from rlk.ops.logp import logp, logp_entropy
+from rlk.ops.policy_loss import policy_loss
 from rlk.plugins import PLUGIN_API_VERSION, hookimpl
 
 __all__ = [
@@ -34,5 +35,6 @@ __all__ = [
     "linear_logp_entropy",
     "logp",
     "logp_entropy",
+    "policy_loss",
     "use_backends",
 ]

@@ -139,3 +139,82 @@ def group_advantages(
             adv = torch.zeros_like(r)
         out[members] = adv
     return out
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    ref_logp: torch.Tensor | None = None,
+    rollout_logp: torch.Tensor | None = None,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    ratio_level: str = "token",
+    agg: str = "token-mean",
+    tis_cap: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float64 policy loss and metrics [clip_fraction, mean_ratio, mean_kl, truncated_fraction].
+
+    Written as the papers state it (PPO's min of clipped and unclipped objectives,
+    dual-clip's max with c * A for negative advantages, GSPO's length-normalised
+    sequence ratio, Schulman's k1/k2/k3) with one sequence at a time for the
+    aggregation. Differentiable w.r.t. `logp` by autograd.
+    """
+    f64 = torch.float64
+    keep = mask.to(torch.bool)
+
+    def clean(values: torch.Tensor) -> torch.Tensor:
+        return torch.where(keep, values.to(f64), 0.0)
+
+    lp, old = clean(logp), clean(old_logp)
+    adv = advantages.to(f64)
+    adv = clean(adv if adv.dim() == 2 else adv.unsqueeze(1).expand_as(lp))
+    lengths = keep.sum(dim=1)
+    ratio = torch.exp(lp - old)
+    if ratio_level == "sequence":
+        seq = torch.stack([torch.exp((lp[i] - old[i])[keep[i]].mean()) if lengths[i] > 0
+                           else torch.ones((), dtype=f64) for i in range(lp.shape[0])])
+        ratio = seq.unsqueeze(1).expand_as(lp)
+    clipped_ratio = ratio.clamp(1 - clip_low, 1 + clip_high)
+    objective = torch.minimum(ratio * adv, clipped_ratio * adv)
+    if dual_clip is not None:
+        objective = torch.where(adv < 0, torch.maximum(objective, dual_clip * adv), objective)
+    term = -objective
+    truncated = torch.zeros_like(lp, dtype=torch.bool)
+    if rollout_logp is not None:
+        weight = torch.exp(old - clean(rollout_logp))
+        if tis_cap is not None:
+            truncated = weight > tis_cap
+            weight = torch.minimum(weight, torch.full_like(weight, tis_cap))
+        term = term * weight
+    kl = torch.zeros_like(lp)
+    if ref_logp is not None:
+        log_r = clean(ref_logp) - lp  # log(pi_ref / pi)
+        kl = {"k1": -log_r, "k2": 0.5 * log_r**2, "k3": log_r.exp() - 1 - log_r}[kl_estimator]
+        term = term + kl_coef * kl
+    term = torch.where(keep, term, 0.0)
+    sums = [term[i][keep[i]].sum() for i in range(lp.shape[0])]
+    nonempty = [i for i in range(lp.shape[0]) if lengths[i] > 0]
+    zero = term.sum() * 0.0  # keeps the graph when no sequence has a token
+    if agg == "token-mean":
+        loss = term.sum() / max(int(lengths.sum()), 1)
+    elif agg == "seq-mean-token-mean":
+        loss = sum((sums[i] / lengths[i] for i in nonempty), zero) / max(len(nonempty), 1)
+    elif agg == "seq-mean-token-sum":
+        loss = sum((sums[i] for i in nonempty), zero) / max(len(nonempty), 1)
+    else:
+        loss = term.sum() / max(lp.numel(), 1)
+    count = max(int(lengths.sum()), 1)
+    took_clip = (clipped_ratio * adv < ratio * adv) & keep
+    metrics = torch.stack([
+        took_clip.sum().to(f64) / count,
+        ratio.detach()[keep].sum() / count,
+        kl.detach()[keep].sum() / count,
+        (truncated & keep).sum().to(f64) / count,
+    ])
+    return loss, metrics

@@ -36,3 +36,6 @@ def rlk_register(registry: Registry) -> None:
                             devices=_EVERY_DEVICE, dtypes=FLOATS)
     registry.add_kernel("group_advantages", "native", "rlk.native.advantages:forward",
                         devices=_EVERY_DEVICE, dtypes=(torch.float32,))
+    registry.add_kernel("policy_loss", "native", "rlk.native.policy_loss:forward",
+                        backward="rlk.native.policy_loss:backward",
+                        devices=_EVERY_DEVICE, dtypes=(torch.float32,))

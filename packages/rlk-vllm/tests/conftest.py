@@ -7,11 +7,10 @@ from typing import Any
 
 import pytest
 import torch
+from fakes import FakeLLM, FakeSamplingParams
 
 from rlk_vllm import RolloutExecutor, VLLMSamplerConfig
 from rlk_vllm._vllm import vllm_available
-
-from fakes import FakeLLM, FakeSamplingParams
 
 # A small, in-process CPU engine: 1 GiB of KV cache, no engine-core subprocess.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

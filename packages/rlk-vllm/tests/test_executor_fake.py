@@ -8,14 +8,13 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import VOCAB, make_executor
+from fakes import EOS, FakeLLM, FakeSamplingParams
 
 from rlk_vllm import RolloutExecutor, VLLMSamplerConfig
 from rlk_vllm import executor as executor_module
 
-from conftest import VOCAB, make_executor
-from fakes import EOS, FakeLLM, FakeSamplingParams
-
-PROMPTS = [
+PROMPTS: list[dict[str, Any]] = [
     {"prompt_token_ids": [1, 5, 9, 4]},
     {"prompt_token_ids": [1, 7]},
     {"prompt_token_ids": torch.tensor([1, 3, 3, 8, 12, 30])},

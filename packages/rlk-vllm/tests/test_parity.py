@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import VOCAB, make_executor
 
 from rlk_vllm import RolloutBatch, logprob_parity
-
-from conftest import VOCAB, make_executor
 
 PROMPTS = [{"prompt_token_ids": [1, 5, 9]}, {"prompt_token_ids": [1, 7, 7, 7, 3]}]
 

@@ -29,7 +29,7 @@ LOGP_TOLERANCE = 1e-4
 def token_prompts(lengths: list[int], seed: int = 0) -> list[dict[str, list[int]]]:
     gen = torch.Generator().manual_seed(seed)
     vocab = int(TINY_CONFIG["vocab_size"])
-    return [{"prompt_token_ids": [1] + torch.randint(3, vocab, (n - 1,), generator=gen).tolist()}
+    return [{"prompt_token_ids": [1, *torch.randint(3, vocab, (n - 1,), generator=gen).tolist()]}
             for n in lengths]
 
 
@@ -190,6 +190,6 @@ def test_sample_backend_draws_the_engines_first_token(
         ).long()).logits
     last = logits[torch.arange(batch.batch_size), batch.prompt_lengths - 1].float()
     seeds = torch.arange(300, 300 + batch.batch_size, dtype=torch.int64)
-    drawn, logp, processed = sample(last, 0.9, 50, 0.9, 0.0, seeds)
+    drawn, _logp, processed = sample(last, 0.9, 50, 0.9, 0.0, seeds)
     assert torch.equal(drawn, batch.completion_ids[:, 0])
     assert torch.allclose(processed, batch.rollout_logp[:, 0], atol=LOGP_TOLERANCE)

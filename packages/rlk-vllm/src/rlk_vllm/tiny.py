@@ -40,7 +40,7 @@ def save_tiny_llama(directory: str | Path, *, seed: int = 0, **overrides: Any) -
     config = LlamaConfig(**{**TINY_CONFIG, **overrides})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
+        model = LlamaForCausalLM(config)
     model.save_pretrained(path)
     return path
 
@@ -50,5 +50,5 @@ def load_tiny_llama(directory: str | Path) -> Any:
     from transformers import LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(directory, dtype=torch.float32)
-    model.eval()  # type: ignore[no-untyped-call]
+    model.eval()
     return model

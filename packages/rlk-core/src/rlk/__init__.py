@@ -17,6 +17,7 @@ from rlk.ops.advantages import group_advantages
 from rlk.ops.linear_logp import linear_logp, linear_logp_entropy
 from rlk.ops.logp import logp, logp_entropy
 from rlk.ops.policy_loss import policy_loss
+from rlk.ops.sample import Sampled, sample
 from rlk.plugins import PLUGIN_API_VERSION, hookimpl
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "BackendInfo",
     "BackendUnavailableError",
     "PluginError",
+    "Sampled",
     "__version__",
     "backends",
     "check_inputs",
@@ -36,5 +38,6 @@ __all__ = [
     "logp",
     "logp_entropy",
     "policy_loss",
+    "sample",
     "use_backends",
 ]

@@ -20,8 +20,8 @@ OP_NAMES = (
 
 def specs() -> dict[str, OpSpec]:
     """Every op's spec, by name (imports the op modules, which registers the torch ops)."""
-    from rlk.ops import advantages, linear_logp, logp, policy_loss
+    from rlk.ops import advantages, linear_logp, logp, policy_loss, sample
 
-    modules = (logp, linear_logp, policy_loss, advantages)
+    modules = (logp, linear_logp, policy_loss, advantages, sample)
     found = {spec.name: spec for module in modules for spec in module.SPECS}
     return found

@@ -100,17 +100,18 @@ def test_greedy() -> None:
 
 
 def test_rows_without_a_valid_token() -> None:
-    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(9))
+    logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(9))
     logits[1] = float("-inf")
     logits[2, 13] = float("nan")
-    tokens, logp, processed = kernel(logits, 0.8, 0, 1.0, 0.0, torch.arange(4))
-    assert tokens[1].item() == -1 and tokens[2].item() == -1
-    assert logp[[1, 2]].isnan().all() and processed[[1, 2]].isnan().all()
+    logits[4, 7] = float("inf")
+    tokens, logp, processed = kernel(logits, 0.8, 0, 1.0, 0.0, torch.arange(5))
+    assert tokens[[1, 2, 4]].tolist() == [-1, -1, -1]
+    assert logp[[1, 2, 4]].isnan().all() and processed[[1, 2, 4]].isnan().all()
     assert (tokens[[0, 3]] >= 0).all() and logp[[0, 3]].isfinite().all()
     assert processed[[0, 3]].isfinite().all()
     rlk.check_inputs(True)  # the -1 rows must not trip the range check
     try:
-        checked = kernel(logits, 0.8, 0, 1.0, 0.0, torch.arange(4))
+        checked = kernel(logits, 0.8, 0, 1.0, 0.0, torch.arange(5))
     finally:
         reset_check_inputs()
     assert torch.equal(checked[0], tokens)
@@ -124,3 +125,13 @@ def test_half_precision_logits(dtype: torch.dtype) -> None:
     probs = reference_distribution(logits.float(), 0.7, 30, 1.0, 0.0)
     assert torch.allclose(processed.double(), probs.gather(1, tokens[:, None]).squeeze(1).log(),
                           atol=1e-5, rtol=0)
+
+
+def test_tokens_tied_at_the_top_p_cut_are_all_kept() -> None:
+    # Masses 0.58, 0.21, 0.21 (+ a tail): top_p=0.7 cuts between the two tied tokens.
+    row = torch.tensor([[2.0, 1.0, 1.0, -6.0, -6.0]])
+    logits = row.expand(400, -1).contiguous()
+    tokens, _, processed = kernel(logits, 1.0, 0, 0.7, 0.0, torch.arange(400))
+    kept = torch.tensor([2.0, 1.0, 1.0]).double().log_softmax(-1)
+    assert set(tokens.tolist()) == {0, 1, 2}
+    assert torch.allclose(processed.double(), kept[tokens], atol=1e-6, rtol=0)

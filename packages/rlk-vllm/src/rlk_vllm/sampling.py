@@ -42,11 +42,16 @@ def _truncate(x: torch.Tensor, top_k: int, top_p: float, min_p: float, ops: Any)
     if 0 < top_k < vocab:
         k = torch.full((rows,), top_k, dtype=torch.int32, device=x.device)
     p = None if top_p >= 1.0 else torch.full((rows,), top_p, dtype=torch.float32, device=x.device)
-    x = ops.apply_top_k_top_p(x, k, p)
+    if k is not None or p is not None:
+        kept = ops.apply_top_k_top_p(x.clone(), k, p)
+        # vLLM cuts top-p at a sort position, so of two tokens tied at the cut it may keep
+        # one; rlk keeps every token tied with the last one kept. Both filters keep a set
+        # of the largest values, so "at least the smallest kept value" is that set.
+        floor = kept.masked_fill(kept == float("-inf"), float("inf")).amin(dim=-1, keepdim=True)
+        x = x.masked_fill(x < floor, float("-inf"))
     if min_p > 0.0:
         probs = x.softmax(dim=-1)
-        floor = probs.amax(dim=-1, keepdim=True) * min_p
-        x = x.masked_fill(probs < floor, float("-inf"))
+        x = x.masked_fill(probs < probs.amax(dim=-1, keepdim=True) * min_p, float("-inf"))
     return x
 
 
@@ -78,13 +83,13 @@ def sample(
 
     `logp` comes from `rlk.logp` on the same logits (temperature 1 when greedy), so it
     equals what the trainer computes bit for bit. Rows without a valid token (all -inf,
-    or any NaN) give token -1 and NaN log-probs.
+    any NaN or +inf) give token -1 and NaN log-probs.
     """
     import rlk
 
     ops = _vllm_ops()
     x = logits.to(torch.float32)
-    valid = ~torch.isnan(x).any(dim=-1) & (x > float("-inf")).any(dim=-1)
+    valid = torch.isfinite(torch.logsumexp(x, dim=-1))  # no NaN, no +inf, not all -inf
     x = torch.where(valid[:, None], x, torch.zeros((), dtype=x.dtype, device=x.device))
     greedy = temperature == 0.0
     if greedy:
@@ -98,7 +103,10 @@ def sample(
     # Invalid rows ask rlk.logp about token 0 (their logits make it NaN anyway), so that
     # RLK_CHECK_INPUTS=1 does not reject the -1 they return.
     tokens = torch.where(valid, tokens, torch.zeros_like(tokens))
-    logp = rlk.logp(logits, tokens, temperature=1.0 if greedy else temperature)
+    # `vllm` has no logp kernel of its own: the best logp backend for the device serves
+    # it, as for the trainer, even inside a scope that made `vllm` strict for `sample`.
+    with rlk.use_backends(strict=False):
+        logp = rlk.logp(logits, tokens, temperature=1.0 if greedy else temperature)
     nan = torch.tensor(float("nan"), device=x.device)
     return (
         torch.where(valid, tokens, torch.full_like(tokens, -1)),

@@ -53,8 +53,9 @@ def extra_memory(fn: Callable[[], object]) -> float:
     return (peak - base) / GIB
 
 
-def record(op: str, impl: str, shape: str, ms: float | None, status: str = "pass",
-           **extra: Any) -> None:
+def record(
+    op: str, impl: str, shape: str, ms: float | None, status: str = "pass", **extra: Any
+) -> None:
     row = {"op": op, "impl": impl, "shape": shape, "ms": ms, "status": status, **extra}
     ROWS.append(row)
     print(json.dumps(row), flush=True)
@@ -113,8 +114,11 @@ def bench_logp(n: int, vocab: int, copy_gbs: float, with_backward: bool) -> None
         out["extra_gib"] = extra_memory(lambda: ours(0))
         if not with_backward:
             rows = slice(0, 256)
-            want = torch.log_softmax(xs[0][rows].double(), -1).gather(
-                -1, toks[0][rows].unsqueeze(-1)).squeeze(-1)
+            want = (
+                torch.log_softmax(xs[0][rows].double(), -1)
+                .gather(-1, toks[0][rows].unsqueeze(-1))
+                .squeeze(-1)
+            )
             got = ours(0)[rows]
             out["max_abs_err_vs_f64"] = float((got.double() - want).abs().max())
         return out
@@ -130,13 +134,16 @@ def bench_logp(n: int, vocab: int, copy_gbs: float, with_backward: bool) -> None
             x = xs[j].detach().requires_grad_(True)
             fn(x, toks[j]).sum().backward()
             return x.grad
+
         return run
 
     for name, fn in (("torch eager", eager_logp), ("torch.compile", torch.compile(eager_logp))):
+
         def peer_body(fn: Callable[..., Any] = fn) -> dict[str, Any]:
             run = peer(fn)
             ms = timed(run, reps=10)
             return {"ms": ms, "extra_gib": extra_memory(lambda: run(0))}
+
         attempt(op, name, shape, peer_body)
     del xs, toks
 
@@ -151,11 +158,15 @@ def bench_logp_backward(n: int, vocab: int, copy_gbs: float) -> None:
     def body() -> dict[str, Any]:
         def run(i: int) -> Any:
             j = i % 3
-            return logp.backward(g, None, xs[j], toks[j], 1.0, -100, None, stats[j][2], None,
-                                 True)
+            return logp.backward(g, None, xs[j], toks[j], 1.0, -100, None, stats[j][2], None, True)
+
         ms = timed(run)
-        return {"ms": ms, "pct_of_copy_bw": 100 * 2 * n * vocab * 2 / ms / 1e6 / copy_gbs,
-                "extra_gib": extra_memory(lambda: run(0))}
+        return {
+            "ms": ms,
+            "pct_of_copy_bw": 100 * 2 * n * vocab * 2 / ms / 1e6 / copy_gbs,
+            "extra_gib": extra_memory(lambda: run(0)),
+        }
+
     attempt("logp bwd inplace", "rlk_cuda", f"N={n} V={vocab} bf16", body)
 
 
@@ -168,6 +179,7 @@ def bench_sample(copy_gbs: float) -> None:
     def body() -> dict[str, Any]:
         ms = timed(lambda i: sample.sample(xs[i % 4], 1.0, 50, 0.9, 0.0, seeds), reps=50)
         return {"ms": ms, "pct_of_copy_bw_one_pass": 100 * batch * vocab * 4 / ms / 1e6 / copy_gbs}
+
     attempt("sample", "rlk_cuda", shape, body)
 
     def torch_sort(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -179,8 +191,12 @@ def bench_sample(copy_gbs: float) -> None:
         tok = idx.gather(-1, pick.unsqueeze(-1)).squeeze(-1)
         return tok, torch.log_softmax(x, -1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
 
-    attempt("sample", "torch topk+multinomial", shape,
-            lambda: {"ms": timed(lambda i: torch_sort(xs[i % 4]), reps=20)})
+    attempt(
+        "sample",
+        "torch topk+multinomial",
+        shape,
+        lambda: {"ms": timed(lambda i: torch_sort(xs[i % 4]), reps=20)},
+    )
 
     def torch_full_sort(x: torch.Tensor) -> torch.Tensor:
         vals, idx = torch.sort(x, descending=True)
@@ -191,8 +207,12 @@ def bench_sample(copy_gbs: float) -> None:
         pick = torch.multinomial(torch.softmax(vals, -1), 1)
         return idx.gather(-1, pick)
 
-    attempt("sample", "torch sort-based", shape,
-            lambda: {"ms": timed(lambda i: torch_full_sort(xs[i % 4]), reps=10)})
+    attempt(
+        "sample",
+        "torch sort-based",
+        shape,
+        lambda: {"ms": timed(lambda i: torch_full_sort(xs[i % 4]), reps=10)},
+    )
 
 
 def bench_linear(tflops: float) -> None:
@@ -210,8 +230,12 @@ def bench_linear(tflops: float) -> None:
         t2 = timed(lambda i: logits @ weight, reps=5)
         t3 = timed(lambda i: logits.t() @ hidden, reps=5)
         del logits
-        return {"ms": 2 * t1 + t2 + t3, "one_gemm_ms": t1,
-                "tflops_one_gemm": 2 * n * h * vocab / t1 / 1e9}
+        return {
+            "ms": 2 * t1 + t2 + t3,
+            "one_gemm_ms": t1,
+            "tflops_one_gemm": 2 * n * h * vocab / t1 / 1e9,
+        }
+
     attempt("linear_logp 4 GEMMs", "torch mm", shape, gemms)
     gemm = next((r for r in ROWS if r["op"] == "linear_logp 4 GEMMs" and r["ms"]), None)
 
@@ -222,19 +246,57 @@ def bench_linear(tflops: float) -> None:
         if gemm:
             out["x_one_gemm"] = ms / gemm["one_gemm_ms"]
         return out
+
     attempt("linear_logp fwd", "rlk_cuda", shape, fwd)
+
+    # Where the forward's time goes: chunk budget, and the chunked GEMMs alone.
+    for mb in (512, 1024):
+        os.environ["RLK_CUDA_CHUNK_MB"] = str(mb)
+        attempt("linear_logp fwd", f"rlk_cuda chunk {mb} MiB", shape, fwd)
+    os.environ.pop("RLK_CUDA_CHUNK_MB", None)
+    for rows in (384, 768, 1536):
+
+        def chunked(rows: int = rows) -> dict[str, Any]:
+            buf = torch.empty(rows, vocab, device="cuda", dtype=dtype)
+
+            def run(i: int) -> None:
+                for start in range(0, n, rows):
+                    stop = min(n, start + rows)
+                    torch.mm(hidden[start:stop], weight.t(), out=buf[: stop - start])
+
+            ms = timed(run, reps=5, warmup=1)
+            return {"ms": ms, "x_one_gemm": ms / gemm["one_gemm_ms"] if gemm else None}
+
+        attempt("GEMM in row chunks", f"torch mm {rows} rows", shape, chunked)
 
     def fwd_bwd() -> dict[str, Any]:
         def run(i: int) -> Any:
             lp, ent, lse = linear.forward(hidden, weight, tokens, None, 1.0, -100, False, None)
-            return linear.backward(g, None, hidden, weight, tokens, None, 1.0, -100, None, lse,
-                                   None, (True, True, False))
+            return linear.backward(
+                g,
+                None,
+                hidden,
+                weight,
+                tokens,
+                None,
+                1.0,
+                -100,
+                None,
+                lse,
+                None,
+                (True, True, False),
+            )
+
         ms = timed(run, reps=3, warmup=1)
-        out = {"ms": ms, "extra_gib_beyond_grads": extra_memory(lambda: run(0)) - (
-            (n * h + vocab * h) * 2) / GIB}
+        out = {
+            "ms": ms,
+            "extra_gib_beyond_grads": extra_memory(lambda: run(0))
+            - ((n * h + vocab * h) * 2) / GIB,
+        }
         if gemm:
             out["x_four_gemms"] = ms / gemm["ms"]
         return out
+
     attempt("linear_logp fwd+bwd", "rlk_cuda", shape, fwd_bwd)
 
 
@@ -254,16 +316,21 @@ def main() -> None:
         "capability": torch.cuda.get_device_capability(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "commit": os.environ.get("RLK_COMMIT") or subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
+        "commit": os.environ.get("RLK_COMMIT")
+        or subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True
+        ).stdout.strip(),
         "command": "tools/gpu/check.sh",
         "seconds": round(time.time() - began, 1),
     }
     (out_dir / "cuda-h200.json").write_text(json.dumps({"meta": meta, "rows": ROWS}, indent=1))
     lines = ["| op | impl | shape | ms | notes |", "| --- | --- | --- | --- | --- |"]
     for r in ROWS:
-        notes = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                          for k, v in r.items() if k not in ("op", "impl", "shape", "ms"))
+        notes = ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in r.items()
+            if k not in ("op", "impl", "shape", "ms")
+        )
         ms = "-" if r["ms"] is None else f"{r['ms']:.3f}"
         lines.append(f"| {r['op']} | {r['impl']} | {r['shape']} | {ms} | {notes} |")
     table = "\n".join(lines)

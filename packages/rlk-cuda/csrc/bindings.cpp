@@ -41,15 +41,19 @@ NB_MODULE(_C, m) {
         [](int device, uintptr_t stream, uintptr_t logits, int dtype, int64_t M, int64_t V,
            int64_t row_stride, uintptr_t tokens, uintptr_t rows, int64_t R, float temperature,
            uintptr_t temp_rows, int64_t ignore_index, uintptr_t logp, int64_t logp_stride,
-           uintptr_t entropy, uintptr_t lse, uintptr_t stats) {
+           uintptr_t entropy, uintptr_t lse, uintptr_t stats, int nseg, uintptr_t partial) {
           if (R > 0 && V > 0) require(logits, "logits");
           prepare(device);
           rlk::LogpFwdArgs a{ptr<const void>(logits), dtype, M, V, row_stride,
                              ptr<const int64_t>(tokens), ptr<const int64_t>(rows), R, temperature,
                              ptr<const float>(temp_rows), ignore_index, ptr<float>(logp),
-                             logp_stride, ptr<float>(entropy), ptr<float>(lse), ptr<float>(stats)};
+                             logp_stride, ptr<float>(entropy), ptr<float>(lse), ptr<float>(stats),
+                             nseg, ptr<float>(partial)};
           check(rlk::logp_forward(a, reinterpret_cast<void*>(stream)));
         });
+
+  m.def("logp_forward_segments", &rlk::logp_forward_segments,
+        "Row segments the forward uses for vocabulary size V (scratch: R * segments * 3 floats)");
 
   m.def("logp_backward",
         [](int device, uintptr_t stream, uintptr_t logits, int dtype, int64_t M, int64_t V,

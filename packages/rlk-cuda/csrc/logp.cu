@@ -5,37 +5,10 @@
 namespace rlk {
 namespace {
 
-template <typename T, int THREADS, bool ENT>
-__global__ void __launch_bounds__(THREADS) logp_fwd_kernel(LogpFwdArgs a) {
-  const int64_t i = blockIdx.x;
-  const int64_t row = a.rows ? a.rows[i] : i;
-  const bool bad_row = row < 0 || row >= a.M;
-  const int64_t tok = (a.tokens && !bad_row) ? a.tokens[row] : 0;
-  if (a.tokens && tok == a.ignore_index) {  // ignored rows never read their logits
-    if (threadIdx.x == 0) {
-      if (a.logp) a.logp[i * a.logp_stride] = 0.f;
-      if (a.entropy) a.entropy[i] = 0.f;
-      if (a.lse) a.lse[i] = 0.f;
-      if (a.stats) { a.stats[i] = 0.f; a.stats[a.R + i] = 0.f; }
-    }
-    return;
-  }
-  if (bad_row) {
-    if (threadIdx.x == 0) {
-      const float nan = __int_as_float(0x7fc00000);
-      if (a.logp) a.logp[i * a.logp_stride] = nan;
-      if (a.entropy) a.entropy[i] = nan;
-      if (a.lse) a.lse[i] = nan;
-      if (a.stats) { a.stats[i] = nan; a.stats[a.R + i] = nan; }
-    }
-    return;
-  }
-  const float temp = a.temp_rows ? a.temp_rows[row] : a.temperature;
-  const float inv_t = 1.0f / temp;
-  const float sc = inv_t * kLog2e;
-  const T* p = static_cast<const T*>(a.logits) + row * a.row_stride;
-  const RowAcc r = row_stats<T, THREADS, 4, ENT>(p, a.V, sc);
-  if (threadIdx.x != 0) return;
+// Writes a row's outputs (slot i) from its statistics; NaN/empty rule in one place.
+template <typename T>
+__device__ __forceinline__ void finish_row(const LogpFwdArgs& a, int64_t i, const T* p,
+                                           int64_t tok, const RowAcc& r, float inv_t) {
   const float nan = __int_as_float(0x7fc00000);
   const float log_s = logf(r.s);
   const bool empty = r.m == -INFINITY;
@@ -47,6 +20,89 @@ __global__ void __launch_bounds__(THREADS) logp_fwd_kernel(LogpFwdArgs a) {
     if (!empty && tok >= 0 && tok < a.V) lp = logp_from_stats(to_float(p[tok]), r.m, inv_t, log_s);
     a.logp[i * a.logp_stride] = lp;
   }
+}
+
+// Rows that need no statistics: ignored tokens (never read) and rows outside [0, M).
+__device__ __forceinline__ bool finish_trivial(const LogpFwdArgs& a, int64_t i, int64_t row,
+                                               int64_t tok) {
+  const bool ignored = a.tokens && tok == a.ignore_index;
+  const bool bad = row < 0 || row >= a.M;
+  if (!ignored && !bad) return false;
+  const float v = ignored ? 0.f : __int_as_float(0x7fc00000);
+  if (a.logp) a.logp[i * a.logp_stride] = v;
+  if (a.entropy) a.entropy[i] = v;
+  if (a.lse) a.lse[i] = v;
+  if (a.stats) { a.stats[i] = v; a.stats[a.R + i] = v; }
+  return true;
+}
+
+struct RowInfo {
+  int64_t row, tok;
+  float inv_t;
+};
+
+__device__ __forceinline__ RowInfo row_info(const LogpFwdArgs& a, int64_t i) {
+  const int64_t row = a.rows ? a.rows[i] : i;
+  const bool ok = row >= 0 && row < a.M;
+  const int64_t tok = (a.tokens && ok) ? a.tokens[row] : 0;
+  const float temp = (a.temp_rows && ok) ? a.temp_rows[row] : a.temperature;
+  return RowInfo{row, tok, 1.0f / temp};
+}
+
+__device__ __forceinline__ bool skip_row(const LogpFwdArgs& a, const RowInfo& ri) {
+  return (a.tokens && ri.tok == a.ignore_index) || ri.row < 0 || ri.row >= a.M;
+}
+
+// Whole row in one block (small V).
+template <typename T, int THREADS, bool ENT>
+__global__ void __launch_bounds__(THREADS) logp_fwd_kernel(LogpFwdArgs a) {
+  const int64_t i = blockIdx.x;
+  const RowInfo ri = row_info(a, i);
+  if (skip_row(a, ri)) {
+    if (threadIdx.x == 0) finish_trivial(a, i, ri.row, ri.tok);
+    return;
+  }
+  const T* p = static_cast<const T*>(a.logits) + ri.row * a.row_stride;
+  const RowAcc r = row_stats<T, THREADS, 4, ENT>(p, a.V, ri.inv_t * kLog2e);
+  if (threadIdx.x == 0) finish_row(a, i, p, ri.tok, r, ri.inv_t);
+}
+
+// Large V: block (i, seg) reduces one fixed-size segment of row i into part[i][seg]; the merge
+// kernel combines the segments in order. Segment sizes depend on V only (batch invariance).
+template <typename T, int THREADS, bool ENT>
+__global__ void __launch_bounds__(THREADS) logp_fwd_partial_kernel(LogpFwdArgs a) {
+  constexpr int W = VecWidth<T>::value, U = 4;
+  const int64_t i = blockIdx.x;
+  const int seg = blockIdx.y, nseg = gridDim.y;
+  const RowInfo ri = row_info(a, i);
+  if (skip_row(a, ri)) return;
+  const T* p = static_cast<const T*>(a.logits) + ri.row * a.row_stride;
+  const int64_t nv = (a.V - head_elems(p, a.V)) / W;
+  const int64_t step = static_cast<int64_t>(U) * THREADS;
+  const int64_t per = ((nv + nseg - 1) / nseg + step - 1) / step * step;
+  const RowAcc r = row_stats_range<T, THREADS, U, ENT>(p, a.V, ri.inv_t * kLog2e, seg * per,
+                                                      (seg + 1) * per, seg == 0, seg == nseg - 1);
+  if (threadIdx.x == 0) {
+    float* out = a.partial + (i * nseg + seg) * 3;
+    out[0] = r.m;
+    out[1] = r.s;
+    out[2] = r.w;
+  }
+}
+
+template <typename T, bool ENT>
+__global__ void logp_fwd_merge_kernel(LogpFwdArgs a) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= a.R) return;
+  const RowInfo ri = row_info(a, i);
+  if (finish_trivial(a, i, ri.row, ri.tok)) return;
+  const float sc = ri.inv_t * kLog2e;
+  const float* part = a.partial + i * a.nseg * 3;
+  RowAcc r{part[0], part[1], part[2]};
+  for (int seg = 1; seg < a.nseg; ++seg)
+    r = acc_combine<ENT>(r, RowAcc{part[3 * seg], part[3 * seg + 1], part[3 * seg + 2]}, sc);
+  const T* p = static_cast<const T*>(a.logits) + ri.row * a.row_stride;
+  finish_row(a, i, p, ri.tok, r, ri.inv_t);
 }
 
 // Gradient of a row, written in one pass: (g*(onehot - p) - ge*p*(t + H)) / T with
@@ -78,22 +134,32 @@ __global__ void __launch_bounds__(THREADS) logp_bwd_kernel(LogpBwdArgs a) {
     if (mode != 2) return fill;
     const float t = fmaf(x, inv_t, -lse);
     const float pr = exp2f(t * kLog2e);
-    float gr = ENT ? pr * fmaf(c2, t, c1) : pr * c1;
+    float gr = ENT ? (pr == 0.f ? 0.f : pr * fmaf(c2, t, c1)) : pr * c1;  // 0 * inf
     if (j == ltok) gr += ctok;
     return gr;
   };
   const int64_t V = a.V;
   const int64_t h_in = head_elems(p, V);
   const int64_t h_out = head_elems<T>(o, V);
-  if (h_in != h_out) {  // input and output disagree on alignment: scalar path
+  const int seg = blockIdx.y, nseg = gridDim.y;
+  if (h_in != h_out) {  // input and output disagree on alignment: scalar path, one block
+    if (seg != 0) return;
     for (int64_t j = tid; j < V; j += THREADS) {
       const float x = mode == 2 ? to_float(p[j]) : 0.f;
       o[j] = from_float<T>(grad_of(j, x));
     }
     return;
   }
-  if (tid < h_in) o[tid] = from_float<T>(grad_of(tid, mode == 2 ? to_float(p[tid]) : 0.f));
-  const int64_t nv = (V - h_in) / W;
+  if (seg == 0 && tid < h_in)
+    o[tid] = from_float<T>(grad_of(tid, mode == 2 ? to_float(p[tid]) : 0.f));
+  const int64_t nv_all = (V - h_in) / W;
+  // Segment `seg` of the row's vectors: rows split into fixed-size pieces (by V only) so the
+  // grid has many short blocks and the last wave is short.
+  constexpr int U = 4;
+  const int64_t step = static_cast<int64_t>(U) * THREADS;
+  const int64_t per = ((nv_all + nseg - 1) / nseg + step - 1) / step * step;
+  const int64_t v0 = seg * per;
+  const int64_t nv = v0 + per < nv_all ? v0 + per : nv_all;
   const uint4* v4 = reinterpret_cast<const uint4*>(p + h_in);
   uint4* o4 = reinterpret_cast<uint4*>(o + h_in);
   // One 16-byte vector: the token test is one 32-bit compare per element.
@@ -107,7 +173,7 @@ __global__ void __launch_bounds__(THREADS) logp_bwd_kernel(LogpBwdArgs a) {
       for (int k = 0; k < W; ++k) {
         const float t = fmaf(x[k], inv_t, -lse);
         const float pr = exp2f(t * kLog2e);
-        x[k] = ENT ? pr * fmaf(c2, t, c1) : pr * c1;
+        x[k] = ENT ? (pr == 0.f ? 0.f : pr * fmaf(c2, t, c1)) : pr * c1;
         if (k == kt) x[k] += ctok;
       }
     } else {
@@ -116,8 +182,7 @@ __global__ void __launch_bounds__(THREADS) logp_bwd_kernel(LogpBwdArgs a) {
     }
     store_stream(o4 + j, pack<T>(x));
   };
-  constexpr int U = 4;
-  int64_t j = tid;
+  int64_t j = v0 + tid;
   for (; j + (U - 1) * THREADS < nv; j += U * THREADS) {
     uint4 r[U];
     if (mode == 2) {
@@ -132,8 +197,8 @@ __global__ void __launch_bounds__(THREADS) logp_bwd_kernel(LogpBwdArgs a) {
     if (mode == 2) r = load_stream(v4 + j);
     vec(r, j);
   }
-  const int64_t t = h_in + nv * W + tid;
-  if (t < V) o[t] = from_float<T>(grad_of(t, mode == 2 ? to_float(p[t]) : 0.f));
+  const int64_t t = h_in + nv_all * W + tid;
+  if (seg == nseg - 1 && t < V) o[t] = from_float<T>(grad_of(t, mode == 2 ? to_float(p[t]) : 0.f));
 }
 
 const char* last_error() {
@@ -147,24 +212,38 @@ void launch_fwd(const LogpFwdArgs& a, rlkStream_t s) {
   else logp_fwd_kernel<T, THREADS, false><<<a.R, THREADS, 0, s>>>(a);
 }
 
+template <typename T, bool ENT>
+void launch_fwd_split(const LogpFwdArgs& a, rlkStream_t s) {
+  const dim3 grid(static_cast<unsigned>(a.R), static_cast<unsigned>(a.nseg));
+  logp_fwd_partial_kernel<T, 256, ENT><<<grid, 256, 0, s>>>(a);
+  if (rlkGetLastError() != rlkSuccess) return;
+  logp_fwd_merge_kernel<T, ENT><<<static_cast<unsigned>((a.R + 127) / 128), 128, 0, s>>>(a);
+}
+
 template <typename T>
 void launch_fwd_sized(const LogpFwdArgs& a, rlkStream_t s) {
-  // The block size depends on V only, never on the number of rows: batch invariance.
-  if (a.V >= 16384) launch_fwd<T, 512>(a, s);
+  // The launch shape depends on V only, never on the number of rows: batch invariance.
+  if (a.nseg > 1) {
+    if (a.entropy) launch_fwd_split<T, true>(a, s);
+    else launch_fwd_split<T, false>(a, s);
+  } else if (a.V >= 16384) launch_fwd<T, 512>(a, s);
   else if (a.V >= 2048) launch_fwd<T, 256>(a, s);
   else launch_fwd<T, 128>(a, s);
 }
 
+constexpr int64_t kBwdSegment = 16384;  // elements per backward block (rows split by V only)
+
 template <typename T, int THREADS>
 void launch_bwd(const LogpBwdArgs& a, rlkStream_t s) {
-  if (a.g_ent) logp_bwd_kernel<T, THREADS, true><<<a.M, THREADS, 0, s>>>(a);
-  else logp_bwd_kernel<T, THREADS, false><<<a.M, THREADS, 0, s>>>(a);
+  const unsigned nseg = static_cast<unsigned>((a.V + kBwdSegment - 1) / kBwdSegment);
+  const dim3 grid(static_cast<unsigned>(a.M), nseg);
+  if (a.g_ent) logp_bwd_kernel<T, THREADS, true><<<grid, THREADS, 0, s>>>(a);
+  else logp_bwd_kernel<T, THREADS, false><<<grid, THREADS, 0, s>>>(a);
 }
 
 template <typename T>
 void launch_bwd_sized(const LogpBwdArgs& a, rlkStream_t s) {
-  if (a.V >= 16384) launch_bwd<T, 512>(a, s);
-  else if (a.V >= 2048) launch_bwd<T, 256>(a, s);
+  if (a.V >= 2048) launch_bwd<T, 256>(a, s);
   else launch_bwd<T, 128>(a, s);
 }
 
@@ -175,9 +254,13 @@ const char* select_device(int device) {
   return e == rlkSuccess ? nullptr : rlkGetErrorString(e);
 }
 
+int logp_forward_segments(int64_t V) { return V >= 65536 ? static_cast<int>((V + 32767) / 32768) : 1; }
+
 const char* logp_forward(const LogpFwdArgs& a, void* stream) {
   const rlkStream_t s = static_cast<rlkStream_t>(stream);
   if (a.R == 0) return nullptr;
+  if (a.nseg != logp_forward_segments(a.V)) return "logp_forward: nseg must be logp_forward_segments(V)";
+  if (a.nseg > 1 && a.partial == nullptr) return "logp_forward: split rows need a partial buffer";
   if (a.R > 0x7fffffffLL) return "logp_forward: too many rows for one launch";
   switch (a.dtype) {
     case kF32: launch_fwd_sized<float>(a, s); break;

@@ -78,22 +78,26 @@ __device__ __forceinline__ RowAcc acc_block_reduce(RowAcc a, float sc) {
   return r;
 }
 
-// Statistics of one row of V elements starting at p (unit stride), 16-byte loads, UNROLL
-// vectors in flight per thread.
+// Statistics of the vectors [v_begin, v_end) of a row of V elements starting at p (unit
+// stride), 16-byte loads, UNROLL vectors in flight per thread; the unaligned head and the
+// scalar tail are included when asked. The result is valid in thread 0.
 template <typename T, int THREADS, int UNROLL, bool ENT>
-__device__ __forceinline__ RowAcc row_stats(const T* p, int64_t V, float sc) {
+__device__ __forceinline__ RowAcc row_stats_range(const T* p, int64_t V, float sc,
+                                                  int64_t v_begin, int64_t v_end, bool head,
+                                                  bool tail) {
   constexpr int W = VecWidth<T>::value;
   RowAcc a{-INFINITY, 0.f, 0.f};
   const int tid = threadIdx.x;
   const int64_t h = head_elems(p, V);
-  if (tid < h) {
+  if (head && tid < h) {
     const float x[1] = {to_float(p[tid])};
     acc_chunk<ENT>(a, x, sc);
   }
   const int64_t nv = (V - h) / W;
+  if (v_end > nv) v_end = nv;
   const uint4* v4 = reinterpret_cast<const uint4*>(p + h);
-  int64_t j = tid;
-  for (; j + (UNROLL - 1) * THREADS < nv; j += UNROLL * THREADS) {
+  int64_t j = v_begin + tid;
+  for (; j + (UNROLL - 1) * THREADS < v_end; j += UNROLL * THREADS) {
     uint4 r[UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) r[u] = load_stream(v4 + j + u * THREADS);
@@ -107,17 +111,22 @@ __device__ __forceinline__ RowAcc row_stats(const T* p, int64_t V, float sc) {
     }
     acc_chunk<ENT>(a, x, sc);
   }
-  for (; j < nv; j += THREADS) {
+  for (; j < v_end; j += THREADS) {
     float x[W];
     unpack<T>(load_stream(v4 + j), x);
     acc_chunk<ENT>(a, x, sc);
   }
   const int64_t t = h + nv * W + tid;
-  if (t < V) {
+  if (tail && t < V) {
     const float x[1] = {to_float(p[t])};
     acc_chunk<ENT>(a, x, sc);
   }
   return acc_block_reduce<ENT, THREADS>(a, sc);
+}
+
+template <typename T, int THREADS, int UNROLL, bool ENT>
+__device__ __forceinline__ RowAcc row_stats(const T* p, int64_t V, float sc) {
+  return row_stats_range<T, THREADS, UNROLL, ENT>(p, V, sc, 0, V, true, true);
 }
 
 // log p(token) from the statistics; written with explicit roundings so that every kernel that

@@ -24,6 +24,8 @@ struct LogpFwdArgs {
   float* entropy;         // [R] or nullptr (no entropy)
   float* lse;             // [R] or nullptr
   float* stats;           // [2, R] (row max of raw logits, log of the shifted sum) or nullptr
+  int nseg;               // logp_forward_segments(V)
+  float* partial;         // [R, nseg, 3] scratch when nseg > 1 (from torch, not allocated here)
 };
 
 struct LogpBwdArgs {
@@ -60,6 +62,7 @@ struct SampleArgs {
 
 // `stream` is a cudaStream_t (hipStream_t) passed as an opaque pointer.
 const char* select_device(int device);
+int logp_forward_segments(int64_t V);  // row segments of the forward (depends on V only)
 const char* logp_forward(const LogpFwdArgs& a, void* stream);
 const char* logp_backward(const LogpBwdArgs& a, void* stream);
 const char* sample(const SampleArgs& a, void* stream);

@@ -49,11 +49,12 @@ def test_forward_matches_float64(dtype: torch.dtype, vocab: int, with_entropy: b
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_temperature_rows_out_and_strides(dtype: torch.dtype) -> None:
-    logits, tokens = _inputs(48, 3001, dtype, seed=11)
-    wide = torch.randn(48, 3010, device="cuda").to(dtype)
-    wide[:, 3:3004] = logits  # rows start unaligned and have a row stride != V
-    view = wide[:, 3:3004]
+@pytest.mark.parametrize("vocab", [3001, 70001])  # one block per row / rows split in segments
+def test_temperature_rows_out_and_strides(dtype: torch.dtype, vocab: int) -> None:
+    logits, tokens = _inputs(48, vocab, dtype, seed=11)
+    wide = torch.randn(48, vocab + 9, device="cuda").to(dtype)
+    wide[:, 3 : vocab + 3] = logits  # rows start unaligned and have a row stride != V
+    view = wide[:, 3 : vocab + 3]
     temp = torch.rand(48, device="cuda") * 1.5 + 0.25
     rows = torch.tensor([5, 0, 47, 5, 20], device="cuda")
     out = torch.full((5,), float("nan"), device="cuda")
@@ -88,8 +89,9 @@ def test_special_rows() -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_batch_invariant(dtype: torch.dtype) -> None:
-    logits, tokens = _inputs(40, 32000, dtype, seed=5)
+@pytest.mark.parametrize("vocab", [32000, 151936])
+def test_batch_invariant(dtype: torch.dtype, vocab: int) -> None:
+    logits, tokens = _inputs(40, vocab, dtype, seed=5)
     full, ent, _ = kernels.forward(logits, tokens, 1.3, -100, None, None, True)
     for r in (0, 17, 39):
         one, ent1, _ = kernels.forward(
@@ -143,3 +145,30 @@ def test_out_of_range_token_gradient_is_nan() -> None:
         torch.ones(4, device="cuda"), None, logits, tokens, 1.0, -100, None, lse, None, False
     )
     assert grad[2].isnan().all() and not grad[[0, 1, 3]].isnan().any()
+
+
+@pytest.mark.parametrize("vocab", [3001, 40001])
+def test_backward_unaligned_view(vocab: int) -> None:
+    """Rows of the logits and of the fresh gradient start at different alignments."""
+    logits, tokens = _inputs(12, vocab, torch.bfloat16, seed=13)
+    wide = torch.randn(12, vocab + 5, device="cuda").to(torch.bfloat16)
+    wide[:, 1 : vocab + 1] = logits
+    view = wide[:, 1 : vocab + 1]
+    _, ent, lse = kernels.forward(view, tokens, 1.0, -100, None, None, True)
+    g, ge = torch.randn(12, device="cuda"), torch.randn(12, device="cuda")
+    with poisoned_allocations():
+        grad = kernels.backward(g, ge, view, tokens, 1.0, -100, None, lse, ent, False)
+    want = logp_entropy_grad(logits, tokens, 1.0, -100, g, ge)
+    _close(grad.float(), want, 1e-2 * max(1.0, float(want.abs().max())))
+
+
+def test_entropy_gradient_with_negative_infinity() -> None:
+    logits, tokens = _inputs(8, 2000, torch.float32, seed=17)
+    logits[:, 100:900] = float("-inf")
+    tokens[:] = 5
+    _, ent, lse = kernels.forward(logits, tokens, 1.0, -100, None, None, True)
+    g, ge = torch.randn(8, device="cuda"), torch.randn(8, device="cuda")
+    grad = kernels.backward(g, ge, logits, tokens, 1.0, -100, None, lse, ent, False)
+    want = logp_entropy_grad(logits, tokens, 1.0, -100, g, ge)
+    assert not grad.isnan().any()
+    _close(grad, want, 1e-5)

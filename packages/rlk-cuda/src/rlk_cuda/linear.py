@@ -105,9 +105,17 @@ def forward(
         side.wait_event(main.record_event())
         temp = temperature[start:stop] if isinstance(temperature, Tensor) else temperature
         with torch.cuda.stream(side):
-            launch_forward(logits, tokens[start:stop], temp, ignore_index, None,
-                           logp[start:stop], None if entropy is None else entropy[start:stop],
-                           lse[start:stop], None)
+            launch_forward(
+                logits,
+                tokens[start:stop],
+                temp,
+                ignore_index,
+                None,
+                logp[start:stop],
+                None if entropy is None else entropy[start:stop],
+                lse[start:stop],
+                None,
+            )
         free[slot] = side.record_event()
     main.wait_stream(side)
     return logp, entropy, lse

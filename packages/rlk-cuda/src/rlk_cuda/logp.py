@@ -46,7 +46,12 @@ def launch_forward(
     if rows is not None:
         same_device("rows", rows, device)
         rows = rows.to(torch.int64).contiguous()
-    _ext.load().logp_forward(
+    ext = _ext.load()
+    segments = int(ext.logp_forward_segments(vocab))
+    partial = None
+    if segments > 1:  # scratch for the split rows' partial statistics, from torch's allocator
+        partial = torch.empty(count * segments * 3, dtype=torch.float32, device=logits.device)
+    ext.logp_forward(
         device,
         stream(device),
         ptr(logits),
@@ -65,6 +70,8 @@ def launch_forward(
         ptr(entropy),
         ptr(lse),
         ptr(stats),
+        segments,
+        ptr(partial),
     )
 
 

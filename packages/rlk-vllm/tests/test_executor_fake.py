@@ -200,6 +200,18 @@ def test_update_weights_errors(table: torch.Tensor) -> None:
         executor.update_weights([("table", table)])
 
 
+class SyncMPClient:
+    """Stands for vLLM's client of an engine core in another process."""
+
+
+def test_update_weights_refuses_a_multiprocess_engine(table: torch.Tensor) -> None:
+    executor, llm = make_executor(table)
+    llm.llm_engine = types.SimpleNamespace(engine_core=SyncMPClient())  # type: ignore[attr-defined]
+    with pytest.raises(RuntimeError, match="VLLM_ENABLE_V1_MULTIPROCESSING=0"):
+        executor.update_weights({"table": table})
+    assert llm.resets == 0
+
+
 @dataclasses.dataclass
 class FakeEngineArgs:
     model: str = ""

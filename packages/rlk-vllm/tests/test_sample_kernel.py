@@ -135,3 +135,15 @@ def test_tokens_tied_at_the_top_p_cut_are_all_kept() -> None:
     kept = torch.tensor([2.0, 1.0, 1.0]).double().log_softmax(-1)
     assert set(tokens.tolist()) == {0, 1, 2}
     assert torch.allclose(processed.double(), kept[tokens], atol=1e-6, rtol=0)
+
+
+def test_public_sample_dispatches_to_vllm_when_preferred() -> None:
+    logits = torch.randn(6, 90, generator=torch.Generator().manual_seed(12))
+    seeds = torch.arange(6, dtype=torch.int64) * 31
+    with rlk.use_backends("vllm", strict=True):
+        assert rlk.explain("sample", logits, temperature=0.9, top_k=10, seed=seeds).backend == (
+            "vllm")
+        tokens, logp, processed = rlk.sample(logits, temperature=0.9, top_k=10, seed=seeds)
+    want = kernel(logits, 0.9, 10, 1.0, 0.0, seeds)
+    assert torch.equal(tokens, want[0]) and torch.equal(logp, want[1])
+    assert torch.equal(processed, want[2])

@@ -205,10 +205,22 @@ class RolloutExecutor:
         named = [(str(name), tensor.detach()) for name, tensor in items]
         if not named:
             raise ValueError("update_weights() got no weights")
+        if not _in_process(self.llm):
+            raise RuntimeError(
+                "update_weights() needs vLLM's in-process engine (its engine-core process "
+                "cannot receive tensors over RPC): set VLLM_ENABLE_V1_MULTIPROCESSING=0 "
+                "before the engine starts"
+            )
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named})
         if self.llm.reset_prefix_cache() is False:
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight update; "
                                "cached KV would come from the old weights")
+
+
+def _in_process(llm: Any) -> bool:
+    """Whether the engine core runs in this process (vLLM's InprocClient); True if unknown."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    return core is None or type(core).__name__ == "InprocClient"
 
 
 def _sampled_logp(completion: Any, request: int) -> list[float]:

@@ -114,3 +114,8 @@ def test_torch_compile_fullgraph_and_opcheck():
         _close(got, want, atol=0, rtol=0)
     torch.library.opcheck(torch.ops.rlk.group_advantages.default,
                           (rewards, ids, 0, "std", "mean", 1e-6))
+
+
+def test_result_carries_no_autograd_history():
+    rewards = torch.randn(4, generator=GEN).requires_grad_(True)
+    assert not rlk.group_advantages(rewards, group_size=2).requires_grad

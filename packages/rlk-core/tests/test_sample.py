@@ -184,3 +184,9 @@ def test_torch_compile_fullgraph_and_opcheck():
                          strict=True):
         assert torch.equal(got, want)
     torch.library.opcheck(torch.ops.rlk.sample.default, (logits, 0.8, 10, 0.9, 0.01, seeds))
+
+
+def test_outputs_carry_no_autograd_history():
+    logits = _logits(3, 10).requires_grad_(True)
+    result = rlk.sample(logits, seed=1)
+    assert not result.logp.requires_grad and not result.processed_logp.requires_grad

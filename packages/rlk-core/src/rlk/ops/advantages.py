@@ -98,7 +98,7 @@ def group_advantages(
     `[N]`; not differentiable.
     """
     args = _prepare(rewards, group_size, group_ids, normalize, baseline, eps)
-    return _group_advantages_op(args["rewards"], args["group_ids"], args["group_size"],
+    return _group_advantages_op(args["rewards"].detach(), args["group_ids"], args["group_size"],
                                 args["normalize"], args["baseline"], args["eps"])
 
 

@@ -49,7 +49,9 @@ def _seeds(seed: int | Tensor | None, lead: tuple[int, ...], device: torch.devic
     if isinstance(seed, Tensor):
         validate.tensor("seed", seed, (torch.int64,))
         validate.shape("seed", seed, lead, " (one seed per row of logits)")
-        validate.same_device("seed", seed, torch.empty(0, device=device), "logits")
+        if seed.device != device:
+            raise ValueError(f"seed is on {seed.device} but logits is on {device}; "
+                             "move them to one device")
         return seed.reshape(-1)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be None, an int or an int64 tensor, got {type(seed).__name__}")
@@ -116,6 +118,7 @@ def sample(
     for bit (T = 1 when greedy). A row with no valid token gives token -1 and NaN.
     """
     args, lead = _prepare(logits, temperature, top_k, top_p, min_p, seed)
+    args["logits"] = args["logits"].detach()  # sampling is not differentiable: use rlk.logp
     tokens, logp, processed = _sample_op(**args)
     return Sampled(tokens.view(lead), logp.view(lead), processed.view(lead))
 

@@ -226,28 +226,36 @@ class RecordingLLM:
         self.kwargs = {"model": model, "dtype": dtype, **kwargs}
 
 
-def fake_vllm_module() -> types.ModuleType:
+def fake_vllm_module(cpu: bool = True) -> types.ModuleType:
+    """Stands for `vllm`, `vllm.engine.arg_utils` and `vllm.platforms` at once."""
     module = types.ModuleType("vllm")
+    module.current_platform = types.SimpleNamespace(is_cpu=lambda: cpu)  # type: ignore[attr-defined]
     module.LLM = RecordingLLM  # type: ignore[attr-defined]
     module.SamplingParams = FakeSamplingParams  # type: ignore[attr-defined]
     module.EngineArgs = FakeEngineArgs  # type: ignore[attr-defined]
     return module
 
 
-def test_engine_starts_lazily_with_the_configured_kwargs(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("cpu", [True, False])
+def test_engine_starts_lazily_with_the_configured_kwargs(
+    monkeypatch: pytest.MonkeyPatch, cpu: bool
+) -> None:
     started: list[str] = []
 
     def require(feature: str = "", module: str = "vllm") -> types.ModuleType:
         started.append(module)
-        return fake_vllm_module()
+        return fake_vllm_module(cpu)
 
     monkeypatch.setattr(executor_module, "require_vllm", require)
     config = VLLMSamplerConfig(model="/m", engine_kwargs={"dtype": "half", "block_size": 32})
     executor = RolloutExecutor(config)
     assert started == []
     llm = executor.llm
-    assert llm.kwargs == {"model": "/m", "dtype": "half", "block_size": 32,
-                          "enable_prefix_caching": True, "logprobs_mode": "processed_logprobs"}
+    expected = {"model": "/m", "dtype": "half", "block_size": 32,
+                "enable_prefix_caching": True, "logprobs_mode": "processed_logprobs"}
+    if cpu:  # seeded requests with chunked prefill crash vLLM's CPU runner
+        expected["enable_chunked_prefill"] = False
+    assert llm.kwargs == expected
     assert executor.llm is llm
 
 

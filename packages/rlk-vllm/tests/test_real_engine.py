@@ -49,6 +49,9 @@ def config(model_dir: Path) -> VLLMSamplerConfig:
         "vllm": {"engine_kwargs": {
             "skip_tokenizer_init": True, "dtype": "float32", "enforce_eager": True,
             "max_model_len": 256, "block_size": BLOCK, "seed": 0,
+            # A small token budget per step: every batch here needs several prefill steps,
+            # which is where seeded requests used to crash vLLM's CPU runner.
+            "max_num_batched_tokens": 256,
         }},
     })
 

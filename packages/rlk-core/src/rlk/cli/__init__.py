@@ -6,9 +6,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from rlk.cli import doctor, explain, listing
+from rlk.cli import bench, doctor, explain, listing
 
-COMMANDS = (doctor, listing, explain)
+COMMANDS = (doctor, listing, explain, bench)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,57 @@
+"""What a benchmark run was asked to do, validated before anything runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from rlk.bench.peers import PEERS
+
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
+          "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}; got {name!r}")
+    return DTYPES[name]
+
+
+def parse_list(text: str | None) -> list[str] | None:
+    """'a,b' -> ['a', 'b']; None or '' -> None (meaning: the default set)."""
+    if not text:
+        return None
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+@dataclass
+class Options:
+    """One run. None for workloads/backends/peers means all of them; dtype None: bf16 on
+    GPU, float32 on CPU (a workload's case may pin its own, e.g. fp32 logits for sample)."""
+
+    workloads: list[str] | None = None
+    backends: list[str] | None = None
+    peers: list[str] | None = None
+    dtype: torch.dtype | None = None
+    device: torch.device = field(default_factory=lambda: torch.device(
+        "cuda" if torch.cuda.is_available() else "cpu"))
+    output_dir: Path = Path("bench-results")
+    smoke: bool = False
+    summary: bool = True
+    command: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        unknown = [p for p in self.peers or () if p not in PEERS]
+        if unknown:
+            raise ValueError(f"unknown peer(s) {', '.join(unknown)}; "
+                             f"expected any of {', '.join(PEERS)}")
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda was asked for but torch sees no CUDA device")
+
+    @property
+    def run_dtype(self) -> torch.dtype:
+        if self.dtype is not None:
+            return self.dtype
+        return torch.bfloat16 if self.device.type == "cuda" else torch.float32

@@ -1,0 +1,133 @@
+"""Writing a run: JSON (metadata, ceilings, rows), CSV (one line per row) and a Markdown table."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlk.bench.ceilings import Ceilings
+from rlk.bench.row import STATUSES, Row
+
+SCHEMA_VERSION = 1
+GIB = float(1 << 30)
+CSV_FIELDS = [f.name for f in dataclasses.fields(Row) if f.name not in ("dims", "errors")]
+
+
+@dataclass
+class Report:
+    metadata: dict[str, Any]
+    ceilings: Ceilings
+    rows: list[Row]
+    files: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        return {s: sum(r.status == s for r in self.rows) for s in STATUSES}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "metadata": self.metadata,
+            "ceilings": dataclasses.asdict(self.ceilings),
+            "counts": self.counts(),
+            "notes": self.notes,
+            "files": self.files,
+            "rows": [_clean(dataclasses.asdict(r)) for r in self.rows],
+        }
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no inf/NaN: write them as strings so the file stays standard."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def write_json(report: Report, path: Path) -> None:
+    path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+
+
+def write_csv(report: Report, path: Path) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=[*CSV_FIELDS, "dims", "errors"])
+        writer.writeheader()
+        for row in report.rows:
+            record = {name: getattr(row, name) for name in CSV_FIELDS}
+            record["dims"] = " ".join(f"{k}={v}" for k, v in row.dims.items())
+            record["errors"] = " ".join(f"{k}={v:.3g}" for k, v in row.errors.items())
+            writer.writerow(record)
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:.0f}"
+
+
+def _memory(row: Row) -> str:
+    return "-" if row.extra_memory_bytes is None else f"{row.extra_memory_bytes / GIB:.3f}"
+
+
+def _error(row: Row) -> str:
+    parts = []
+    if row.max_abs_error is not None:
+        parts.append(f"{row.max_abs_error:.2g}")
+    if row.grad_max_abs_error is not None:
+        parts.append(f"grad {row.grad_max_abs_error:.2g}")
+    return ", ".join(parts) or "-"
+
+
+def markdown_table(rows: list[Row]) -> str:
+    header = ("| workload | mode | shape | dtype | impl | status | median ms | extra GiB "
+              "| % roofline | max abs err | note |")
+    lines = [header, "|" + " --- |" * 11]
+    for r in rows:
+        pct = "-" if r.roofline_pct is None else f"{r.roofline_pct:.0f}% ({r.bound})"
+        note = r.reason if r.status != "pass" else r.note
+        lines.append(f"| {r.workload} | {r.mode} | {r.case} | {r.dtype} | {r.impl} | {r.status} "
+                     f"| {_num(r.time_ms)} | {_memory(r)} | {pct} | {_error(r)} "
+                     f"| {note.replace('|', '/')} |")
+    return "\n".join(lines)
+
+
+def markdown(report: Report) -> str:
+    meta, ceil = report.metadata, report.ceilings
+    device = meta["device"]
+    commit = meta["commit"]["sha"] or "unknown"
+    lines = [
+        "# rlk benchmark report", "",
+        f"- command: `{' '.join(meta['command'])}`",
+        f"- commit: {commit}" + (" (with uncommitted changes)" if meta["commit"]["dirty"] else ""),
+        f"- device: {device.get('name')} ({device['type']}"
+        + (f", capability {device['capability']}, driver {device.get('driver')}"
+           if device["type"] == "cuda" else "") + ")",
+        f"- python {meta['python']}, torch {meta['torch']}, CUDA {meta['cuda']}, rlk {meta['rlk']}",
+        f"- dtype: {meta['dtype']} (a shape naming its own dtype overrides it)",
+        f"- ceilings measured in this run: copy {ceil.copy_gbps:.0f} GB/s (read + write), "
+        f"{ceil.gemm_dtype} GEMM {ceil.gemm_tflops:.1f} TFLOP/s ({ceil.gemm_size}^3)",
+        "- statuses: " + ", ".join(f"{k} {v}" for k, v in report.counts().items()),
+        "",
+    ]
+    lines += [f"> {note}" for note in report.notes]
+    lines += ["", markdown_table(report.rows), ""]
+    return "\n".join(lines)
+
+
+def write_all(report: Report, directory: Path) -> dict[str, str]:
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = {"json": directory / "report.json", "csv": directory / "report.csv",
+             "markdown": directory / "report.md"}
+    report.files.update({k: v.name for k, v in paths.items()})
+    write_json(report, paths["json"])
+    write_csv(report, paths["csv"])
+    paths["markdown"].write_text(markdown(report))
+    return {k: str(v) for k, v in paths.items()}

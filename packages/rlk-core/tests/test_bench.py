@@ -1,0 +1,262 @@
+"""rlk.bench on CPU: a smoke run writes every report with metadata and honest statuses,
+rows that break stay rows, the float64 checks catch wrong outputs, the entry points work."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import rlk
+from rlk.bench import checks, plots, workloads
+from rlk.bench.options import Options
+from rlk.bench.row import Row
+from rlk.bench.workload import Blocked, Peer
+from rlk.bench.workloads import logp as logp_workloads
+from rlk.cli import main
+
+REPO = Path(__file__).resolve().parents[3]
+ALL_BUT_NATIVE = "logp,logp-bwd,logp-entropy,linear-logp,policy-loss,group-advantages,sample"
+
+
+def load(directory: Path) -> dict:
+    return json.loads((directory / "report.json").read_text())
+
+
+def rows_of(report: dict, **where: str) -> list[dict]:
+    return [r for r in report["rows"] if all(r[k] == v for k, v in where.items())]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path]:
+    """One smoke run over every workload (no torch.compile: it costs seconds per shape)."""
+    out = tmp_path_factory.mktemp("smoke")
+    code = main(["bench", "--smoke", "--workloads", ALL_BUT_NATIVE, "--backends", "native",
+                 "--peers", "eager,liger,cce,flashinfer", "--output-dir", str(out),
+                 "--no-summary"])
+    return code, out
+
+
+def test_smoke_writes_every_report_with_metadata(smoke: tuple[int, Path]) -> None:
+    code, out = smoke
+    assert code == 0
+    report = load(out)
+    meta = report["metadata"]
+    for key in ("command", "commit", "python", "torch", "cuda", "device", "dtype", "shapes",
+                "backends", "peers"):
+        assert key in meta, key
+    assert meta["python"] == sys.version.split()[0]
+    assert meta["torch"] == torch.__version__
+    assert meta["device"]["type"] == "cpu" and meta["dtype"] == "float32"
+    assert meta["shapes"]["linear-logp"] == ["N=40 H=32 V=300"]
+    assert "--smoke" in meta["command"]
+    assert report["ceilings"]["copy_gbps"] > 0 and report["ceilings"]["gemm_tflops"] > 0
+    with (out / "report.csv").open() as handle:
+        lines = list(csv.DictReader(handle))
+    assert len(lines) == len(report["rows"]) > 0
+    table = (out / "report.md").read_text()
+    assert "| logp-bwd | fwd+bwd |" in table and "copy" in table
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert any("matplotlib" in n for n in report["notes"])
+    else:
+        assert all((out / f"{name}.png").stat().st_size > 0
+                   for name in ("time", "memory", "roofline"))
+
+
+def test_smoke_covers_every_op_with_checked_passing_rows(smoke: tuple[int, Path]) -> None:
+    report = load(smoke[1])
+    assert {r["workload"] for r in report["rows"]} == set(ALL_BUT_NATIVE.split(","))
+    for row in rows_of(report, impl="rlk:native") + rows_of(report, impl="eager"):
+        assert row["status"] == "pass", row
+        assert row["time_ms"] > 0 and row["reps"] >= 3
+        assert row["roofline_pct"] > 0 and row["bound"] in ("memory", "compute")
+        assert row["extra_memory_bytes"] is not None and row["memory_method"].startswith("cpu")
+        assert row["max_abs_error"] is not None and row["max_abs_error"] < 1e-4, row
+    backward = rows_of(report, workload="logp-bwd", impl="rlk:native")[0]
+    assert 0 <= backward["grad_max_abs_error"] < 1e-5
+    linear = rows_of(report, workload="linear-logp", mode="fwd+bwd", impl="rlk:native")[0]
+    assert {"logp", "grad_hidden", "grad_weight"} <= set(linear["errors"])
+    sampled = rows_of(report, workload="sample", impl="rlk:native")[0]
+    assert {"logp", "processed_logp"} <= set(sampled["errors"])
+
+
+def test_missing_peers_are_blocked_with_the_reason(smoke: tuple[int, Path]) -> None:
+    report = load(smoke[1])
+    liger = rows_of(report, workload="logp", impl="liger")
+    cce = rows_of(report, workload="linear-logp", impl="cce")
+    flashinfer = rows_of(report, workload="sample", impl="flashinfer")
+    assert liger and cce and flashinfer
+    for row in liger + cce + flashinfer:
+        assert row["status"] == "blocked"
+        assert "not installed" in row["reason"] or "CUDA devices only" in row["reason"]
+        assert row["time_ms"] is None
+    assert not rows_of(report, workload="group-advantages", impl="liger")
+
+
+def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workload, **options) -> list[Row]:
+    monkeypatch.setitem(workloads.WORKLOADS, workload.name, workload)
+    return rlk.bench.run(Options(workloads=[workload.name], smoke=True,
+                                 output_dir=tmp_path, **options)).rows
+
+
+def _with_peers(**peers: Peer):
+    from dataclasses import replace
+
+    return replace(logp_workloads.LOGP, name="logp-test", peers=peers)
+
+
+def test_a_bad_row_never_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def raises(error: Exception):
+        def build(case, backward, device):
+            def call(x):
+                raise error
+            return call
+        return build
+
+    def blocked(case, backward, device):
+        raise Blocked("needs a frobnicator")
+
+    workload = _with_peers(
+        crash=Peer("crash", raises(RuntimeError("kernel exploded\nsecond line"))),
+        oom=Peer("oom", raises(torch.OutOfMemoryError("CUDA out of memory. Tried 9 GiB"))),
+        missing=Peer("missing", blocked),
+        eager=logp_workloads.LOGP.peers["eager"],
+    )
+    rows = {r.impl: r for r in _run(tmp_path, monkeypatch, workload, backends=["native"])}
+    assert rows["crash"].status == "failure"
+    assert rows["crash"].reason == "RuntimeError: kernel exploded"
+    assert rows["oom"].status == "oom" and "out of memory" in rows["oom"].reason
+    assert rows["missing"].status == "blocked" and rows["missing"].reason == "needs a frobnicator"
+    assert rows["eager"].status == rows["rlk:native"].status == "pass"
+    assert load(tmp_path)["counts"] == {"pass": 2, "blocked": 1, "oom": 1, "failure": 1}
+
+
+def test_errors_are_measured_against_float64(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    def shifted(offset: float):
+        def build(case, backward, device):
+            return lambda x: {"logp": logp_workloads.eager_logp(x["logits"], x["tokens"]) + offset}
+        return build
+
+    workload = _with_peers(off=Peer("off", shifted(0.125)),
+                           nan=Peer("nan", shifted(float("nan"))))
+    rows = {r.impl: r for r in _run(tmp_path, monkeypatch, workload, backends=["native"])}
+    assert rows["off"].status == "pass"
+    assert rows["off"].max_abs_error == pytest.approx(0.125, abs=1e-5)
+    assert rows["nan"].status == "failure" and "not finite" in rows["nan"].reason
+    assert rows["rlk:native"].max_abs_error < 1e-5
+
+
+def test_a_peer_that_overwrites_its_inputs_is_restored_before_each_call(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Like Liger's cross entropy, which writes the gradient over the logits."""
+    seen: list[float] = []
+
+    def build(case, backward, device):
+        eager = logp_workloads.LOGP.peers["eager"].build(case, backward, device)
+
+        def call(x):
+            seen.append(float(x["logits"].detach().abs().sum()))
+            found = eager(x)
+            with torch.no_grad():
+                x["logits"].zero_()
+            return found
+        return call
+
+    from dataclasses import replace
+
+    workload = replace(logp_workloads.LOGP_BWD, name="logp-test",
+                       peers={"clobber": Peer("clobber", build, mutates=("logits",))})
+    rows = _run(tmp_path, monkeypatch, workload, backends=[])
+    assert rows[0].status == "pass" and rows[0].grad_max_abs_error < 1e-5
+    assert len(seen) > 3 and min(seen) == max(seen) > 0
+
+
+def test_missing_op_and_unknown_backend_are_blocked(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    report = rlk.bench.run(Options(workloads=["group-advantages"], backends=["nosuch"],
+                                   peers=[], smoke=True, output_dir=tmp_path / "a"))
+    (row,) = report.rows
+    assert row.impl == "rlk:nosuch" and row.status == "blocked"
+    assert "not installed" in row.reason
+    monkeypatch.delattr(rlk, "sample")
+    report = rlk.bench.run(Options(workloads=["sample"], backends=["native"], peers=["eager"],
+                                   smoke=True, output_dir=tmp_path / "b"))
+    rows = {r.impl: r for r in report.rows}
+    assert rows["rlk:native"].status == "blocked"
+    assert "has no rlk.sample" in rows["rlk:native"].reason
+    assert rows["eager"].status == "pass"
+
+
+def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--smoke", "--workloads", "logp,nope", "--output-dir",
+                 str(tmp_path)]) == 2
+    assert "unknown workload(s) nope" in capsys.readouterr().err
+    assert main(["bench", "--smoke", "--peers", "vllm", "--output-dir", str(tmp_path)]) == 2
+    assert "unknown peer(s) vllm" in capsys.readouterr().err
+    assert main(["bench", "--smoke", "--dtype", "int8", "--output-dir", str(tmp_path)]) == 2
+
+
+def test_plots_are_skipped_with_a_note_without_matplotlib(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    row = Row("logp", "logp", "fwd", "N=1 V=2", {}, "float32", "cpu", "eager", "peer",
+              time_ms=1.0)
+    written, note = plots.write([row], tmp_path)
+    assert written == {} and note is not None and "matplotlib" in note
+    assert not list(tmp_path.iterdir())
+
+
+def _kept_by_loops(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    """The top-k / top-p / min-p set, one row at a time in plain Python (no ties in the data)."""
+    keep = torch.zeros(logits.shape, dtype=torch.bool)
+    for i, row in enumerate(torch.softmax(logits.double(), -1)):
+        order = sorted(range(row.numel()), key=lambda j: -float(row[j]))[:top_k]
+        mass = sum(float(row[j]) for j in order)
+        total, chosen = 0.0, []
+        for j in order:
+            if total < top_p:
+                chosen.append(j)
+            total += float(row[j]) / mass
+        best = float(row[order[0]])
+        for j in chosen:
+            keep[i, j] = float(row[j]) >= min_p * best
+    return keep
+
+
+@pytest.mark.parametrize(("top_k", "top_p", "min_p"), [(5, 1.0, 0.0), (40, 0.7, 0.0),
+                                                       (12, 0.9, 0.2)])
+def test_sample_check_knows_the_kept_tokens(top_k: int, top_p: float, min_p: float) -> None:
+    logits = torch.randn(6, 40, generator=torch.Generator().manual_seed(3)) * 2
+    logp, keep = checks.kept_tokens(logits, 1.0, top_k, top_p, min_p)
+    assert torch.equal(keep, _kept_by_loops(logits, top_k, top_p, min_p))
+    assert torch.allclose(logp, torch.log_softmax(logits.double(), -1))
+    processed = checks.processed_logp(logp, keep)
+    assert torch.allclose(processed.exp().sum(-1), torch.ones(6, dtype=torch.float64))
+    assert torch.isinf(processed[~keep]).all()
+
+
+@pytest.mark.parametrize("script", ["benchmarks/profiler.py", "scripts/run_profile_suite.py"])
+def test_seed_entry_points(script: str, tmp_path: Path) -> None:
+    command = [sys.executable, str(REPO / script), "--smoke", "--workloads", "logp-native",
+               "--no-summary"]
+    if script.startswith("scripts"):
+        command += ["--output-dir", str(tmp_path / "reports")]
+        out = tmp_path / "reports"
+    else:
+        out = tmp_path / "bench-results"
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""  # --no-summary: no table
+    report = load(out)
+    assert {r["impl"]: r["status"] for r in report["rows"]} == {"rlk:native": "pass",
+                                                                "eager": "pass"}
+    assert (out / "report.csv").exists() and (out / "report.md").exists()

@@ -1,0 +1,54 @@
+"""Entry point of the `rocm` backend (group `rlk.backends`): registration only, no HIP work.
+
+The kernels are rlk-cuda's, compiled as HIP, behind rlk-cuda's own host-side launch modules
+(installed here by the build as rlk_rocm.logp, .sample, .linear and ._launch).
+"""
+
+from __future__ import annotations
+
+import torch
+
+import rlk
+from rlk.registry import Registry
+from rlk_rocm import __version__
+from rlk_rocm.probe import probe
+
+RLK_PLUGIN_API = "1.0"
+BACKEND = "rocm"
+PRIORITY = 200
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+# op -> (forward target, backward target or None, properties)
+KERNELS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
+    "logp": ("rlk_rocm.logp:forward", "rlk_rocm.logp:backward", ("batch_invariant",)),
+    "logp_entropy": ("rlk_rocm.logp:forward", "rlk_rocm.logp:backward", ("batch_invariant",)),
+    "sample": ("rlk_rocm.sample:sample", None, ("batch_invariant",)),
+    "linear_logp": ("rlk_rocm.linear:forward", "rlk_rocm.linear:backward", ()),
+    "linear_logp_entropy": ("rlk_rocm.linear:forward", "rlk_rocm.linear:backward", ()),
+}
+
+
+def _linear_check(*args: object, **kwargs: object) -> str | None:
+    from rlk_rocm.linear import check
+
+    reason: str | None = check(*args, **kwargs)
+    return reason
+
+
+@rlk.hookimpl
+def rlk_register(registry: Registry) -> None:
+    """Declare the backend and every kernel whose op this version of rlk-core defines."""
+    registry.add_backend(BACKEND, priority=PRIORITY, probe=probe, version=__version__)
+    for op, (forward, backward, properties) in KERNELS.items():
+        if op not in registry.known_ops:
+            continue
+        registry.add_kernel(
+            op,
+            BACKEND,
+            forward,
+            backward=backward,
+            devices=("cuda",),
+            dtypes=DTYPES,
+            check=_linear_check if op.startswith("linear") else None,
+            properties=properties,
+        )

@@ -28,9 +28,16 @@ fi
 step benchmark
 "$PY" tools/gpu/bench.py "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -30
 if [[ "${1:-}" == "--sanitize" ]]; then
+  cd packages/rlk-cuda
   step compute-sanitizer memcheck
-  (cd packages/rlk-cuda && timeout "${RLK_SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool memcheck --print-limit 20 "$PY" -m pytest -q -x \
-     -p no:cacheprovider tests/test_gpu_logp.py tests/test_gpu_sample.py -k "not 151936 and not empirical and not invariant and not determinism" \
-     2>&1 | tail -20 | tee "$OUT/memcheck.log")
+  timeout "${RLK_MEMCHECK_TIMEOUT:-120}" compute-sanitizer --tool memcheck --print-limit 20 \
+    "$PY" -m pytest -q -x -p no:cacheprovider tests/test_gpu_logp.py tests/test_gpu_sample.py \
+    tests/test_gpu_linear.py -k "not 151936 and not empirical and not invariant and not determinism" \
+    2>&1 | tail -8 | tee "$OUT/memcheck.log"
+  step compute-sanitizer racecheck
+  timeout "${RLK_RACECHECK_TIMEOUT:-90}" compute-sanitizer --tool racecheck --print-limit 20 \
+    "$PY" -m pytest -q -x -p no:cacheprovider tests/test_gpu_sample.py -k "float32 or greedy or equal" \
+    2>&1 | tail -8 | tee "$OUT/racecheck.log"
+  cd ../..
 fi
 step done

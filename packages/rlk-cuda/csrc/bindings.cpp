@@ -76,6 +76,33 @@ NB_MODULE(_C, m) {
           check(rlk::logp_backward(a, reinterpret_cast<void*>(stream)));
         });
 
+  // linear_logp forward over vocabulary chunks; phase 0 = one chunk's partials, 1 = merge.
+  m.def("logp_cols",
+        [](int phase, int device, uintptr_t stream, uintptr_t logits, int dtype, int64_t N,
+           int64_t C, int64_t row_stride, int64_t col_offset, int64_t vocab_total,
+           uintptr_t tokens, float temperature, uintptr_t temp_rows, int64_t ignore_index,
+           int chunk, int nchunks, uintptr_t partial, uintptr_t tok_logit, uintptr_t logp,
+           uintptr_t entropy, uintptr_t lse) {
+          if (N > 0) {
+            require(tokens, "tokens");
+            require(partial, "partial");
+            require(tok_logit, "tok_logit");
+            if (phase == 0) require(logits, "logits");
+            if (phase == 1) {
+              require(logp, "logp");
+              require(lse, "lse");
+            }
+          }
+          prepare(device);
+          rlk::LogpColsArgs a{ptr<const void>(logits), dtype, N, C, row_stride, col_offset,
+                              vocab_total, ptr<const int64_t>(tokens), temperature,
+                              ptr<const float>(temp_rows), ignore_index, chunk, nchunks,
+                              ptr<float>(partial), ptr<float>(tok_logit), ptr<float>(logp),
+                              ptr<float>(entropy), ptr<float>(lse)};
+          void* s = reinterpret_cast<void*>(stream);
+          check(phase == 0 ? rlk::logp_cols_partial(a, s) : rlk::logp_cols_merge(a, s));
+        });
+
   m.def("sample",
         [](int device, uintptr_t stream, uintptr_t logits, int dtype, int64_t B, int64_t V,
            int64_t row_stride, float temperature, int64_t top_k, float top_p, float min_p,

@@ -77,11 +77,11 @@ __global__ void __launch_bounds__(THREADS) logp_fwd_partial_kernel(LogpFwdArgs a
   const RowInfo ri = row_info(a, i);
   if (skip_row(a, ri)) return;
   const T* p = static_cast<const T*>(a.logits) + ri.row * a.row_stride;
-  const int64_t nv = (a.V - head_elems(p, a.V)) / W;
+  const int64_t nv = a.V / W;
   const int64_t step = static_cast<int64_t>(U) * THREADS;
   const int64_t per = ((nv + nseg - 1) / nseg + step - 1) / step * step;
   const RowAcc r = row_stats_range<T, THREADS, U, ENT>(p, a.V, ri.inv_t * kLog2e, seg * per,
-                                                      (seg + 1) * per, seg == 0, seg == nseg - 1);
+                                                      (seg + 1) * per, seg == nseg - 1);
   if (threadIdx.x == 0) {
     float* out = a.partial + (i * nseg + seg) * 3;
     out[0] = r.m;

@@ -78,34 +78,45 @@ __device__ __forceinline__ RowAcc acc_block_reduce(RowAcc a, float sc) {
   return r;
 }
 
-// Statistics of the vectors [v_begin, v_end) of a row of V elements starting at p (unit
-// stride), 16-byte loads, UNROLL vectors in flight per thread; the unaligned head and the
-// scalar tail are included when asked. The result is valid in thread 0.
+// W consecutive elements starting at logical vector j: one 16-byte load when the row is
+// aligned, W scalar loads otherwise. Either way the values and their order are the same, so
+// results never depend on where a row happens to start in memory (batch invariance).
+template <typename T>
+__device__ __forceinline__ void load_vec(const T* p, int64_t j, bool aligned,
+                                         float (&x)[VecWidth<T>::value]) {
+  constexpr int W = VecWidth<T>::value;
+  if (aligned) {
+    unpack<T>(load_stream(reinterpret_cast<const uint4*>(p) + j), x);
+  } else {
+#pragma unroll
+    for (int k = 0; k < W; ++k) x[k] = to_float(p[j * W + k]);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ bool is_aligned16(const T* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+// Statistics of the logical vectors [v_begin, v_end) of a row of V elements starting at p
+// (unit stride), UNROLL vectors in flight per thread; the scalar tail (V % W elements) is
+// included when asked. The result is valid in thread 0.
 template <typename T, int THREADS, int UNROLL, bool ENT>
 __device__ __forceinline__ RowAcc row_stats_range(const T* p, int64_t V, float sc,
-                                                  int64_t v_begin, int64_t v_end, bool head,
-                                                  bool tail) {
+                                                  int64_t v_begin, int64_t v_end, bool tail) {
   constexpr int W = VecWidth<T>::value;
   RowAcc a{-INFINITY, 0.f, 0.f};
   const int tid = threadIdx.x;
-  const int64_t h = head_elems(p, V);
-  if (head && tid < h) {
-    const float x[1] = {to_float(p[tid])};
-    acc_chunk<ENT>(a, x, sc);
-  }
-  const int64_t nv = (V - h) / W;
+  const bool aligned = is_aligned16(p);
+  const int64_t nv = V / W;
   if (v_end > nv) v_end = nv;
-  const uint4* v4 = reinterpret_cast<const uint4*>(p + h);
   int64_t j = v_begin + tid;
   for (; j + (UNROLL - 1) * THREADS < v_end; j += UNROLL * THREADS) {
-    uint4 r[UNROLL];
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) r[u] = load_stream(v4 + j + u * THREADS);
     float x[UNROLL * W];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       float y[W];
-      unpack<T>(r[u], y);
+      load_vec<T>(p, j + u * THREADS, aligned, y);
 #pragma unroll
       for (int k = 0; k < W; ++k) x[u * W + k] = y[k];
     }
@@ -113,10 +124,10 @@ __device__ __forceinline__ RowAcc row_stats_range(const T* p, int64_t V, float s
   }
   for (; j < v_end; j += THREADS) {
     float x[W];
-    unpack<T>(load_stream(v4 + j), x);
+    load_vec<T>(p, j, aligned, x);
     acc_chunk<ENT>(a, x, sc);
   }
-  const int64_t t = h + nv * W + tid;
+  const int64_t t = nv * W + tid;
   if (tail && t < V) {
     const float x[1] = {to_float(p[t])};
     acc_chunk<ENT>(a, x, sc);
@@ -126,7 +137,7 @@ __device__ __forceinline__ RowAcc row_stats_range(const T* p, int64_t V, float s
 
 template <typename T, int THREADS, int UNROLL, bool ENT>
 __device__ __forceinline__ RowAcc row_stats(const T* p, int64_t V, float sc) {
-  return row_stats_range<T, THREADS, UNROLL, ENT>(p, V, sc, 0, V, true, true);
+  return row_stats_range<T, THREADS, UNROLL, ENT>(p, V, sc, 0, V, true);
 }
 
 // log p(token) from the statistics; written with explicit roundings so that every kernel that

@@ -28,6 +28,25 @@ struct LogpFwdArgs {
   float* partial;         // [R, nseg, 3] scratch when nseg > 1 (from torch, not allocated here)
 };
 
+// One vocabulary chunk [N, C] of rows whose full width is vocab_total (linear_logp forward):
+// the partial pass reduces the chunk into partial[:, chunk]; the merge pass combines all chunks.
+struct LogpColsArgs {
+  const void* logits;     // [N, C] unit column stride (partial pass only)
+  int dtype;
+  int64_t N, C, row_stride;
+  int64_t col_offset, vocab_total;
+  const int64_t* tokens;  // [N] global vocabulary ids
+  float temperature;
+  const float* temp_rows; // [N] or nullptr
+  int64_t ignore_index;
+  int chunk, nchunks;
+  float* partial;         // [N, nchunks, 3]
+  float* tok_logit;       // [N] raw logit of each row's token (written by its chunk)
+  float* logp;            // [N] (merge)
+  float* entropy;         // [N] or nullptr: also selects the entropy statistics
+  float* lse;             // [N] (merge)
+};
+
 struct LogpBwdArgs {
   const void* logits;     // [M, V] unit column stride
   int dtype;
@@ -65,6 +84,8 @@ const char* select_device(int device);
 int logp_forward_segments(int64_t V);  // row segments of the forward (depends on V only)
 const char* logp_forward(const LogpFwdArgs& a, void* stream);
 const char* logp_backward(const LogpBwdArgs& a, void* stream);
+const char* logp_cols_partial(const LogpColsArgs& a, void* stream);
+const char* logp_cols_merge(const LogpColsArgs& a, void* stream);
 const char* sample(const SampleArgs& a, void* stream);
 
 }  // namespace rlk

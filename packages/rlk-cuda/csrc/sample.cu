@@ -19,32 +19,31 @@ constexpr int kThreads = 1024;
 constexpr int kCap = 2048;
 constexpr int kPivots = 8;  // the last one is the current upper bound
 
+// Visits every element of a row as f(index, value), thread by thread in an order that does not
+// depend on the row's alignment (see load_vec), two vectors in flight per thread.
 template <typename T, typename F>
 __device__ __forceinline__ void for_each_elem(const T* p, int64_t V, F&& f) {
   constexpr int W = VecWidth<T>::value;
   const int tid = threadIdx.x;
-  const int64_t h = head_elems(p, V);
-  if (tid < h) f(tid, to_float(p[tid]));
-  const int64_t nv = (V - h) / W;
-  const uint4* v4 = reinterpret_cast<const uint4*>(p + h);
+  const bool aligned = is_aligned16(p);
+  const int64_t nv = V / W;
   int64_t j = tid;
   for (; j + kThreads < nv; j += 2 * kThreads) {
-    const uint4 r0 = load_stream(v4 + j), r1 = load_stream(v4 + j + kThreads);
     float x0[W], x1[W];
-    unpack<T>(r0, x0);
-    unpack<T>(r1, x1);
+    load_vec<T>(p, j, aligned, x0);
+    load_vec<T>(p, j + kThreads, aligned, x1);
 #pragma unroll
-    for (int k = 0; k < W; ++k) f(h + j * W + k, x0[k]);
+    for (int k = 0; k < W; ++k) f(j * W + k, x0[k]);
 #pragma unroll
-    for (int k = 0; k < W; ++k) f(h + (j + kThreads) * W + k, x1[k]);
+    for (int k = 0; k < W; ++k) f((j + kThreads) * W + k, x1[k]);
   }
   for (; j < nv; j += kThreads) {
     float x[W];
-    unpack<T>(load_stream(v4 + j), x);
+    load_vec<T>(p, j, aligned, x);
 #pragma unroll
-    for (int k = 0; k < W; ++k) f(h + j * W + k, x[k]);
+    for (int k = 0; k < W; ++k) f(j * W + k, x[k]);
   }
-  const int64_t t = h + nv * W + tid;
+  const int64_t t = nv * W + tid;
   if (t < V) f(t, to_float(p[t]));
 }
 

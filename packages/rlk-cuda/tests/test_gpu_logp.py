@@ -172,3 +172,17 @@ def test_entropy_gradient_with_negative_infinity() -> None:
     want = logp_entropy_grad(logits, tokens, 1.0, -100, g, ge)
     assert not grad.isnan().any()
     _close(grad, want, 1e-5)
+
+
+@pytest.mark.parametrize("vocab", [1001, 70001])
+def test_bits_do_not_depend_on_row_alignment(vocab: int) -> None:
+    """With V odd the rows of one tensor start at every alignment; alone, each is aligned."""
+    logits, tokens = _inputs(9, vocab, torch.bfloat16, seed=19)
+    full, ent, _ = kernels.forward(logits, tokens, 0.9, -100, None, None, True)
+    assert ent is not None
+    for r in range(9):
+        one, ent1, _ = kernels.forward(
+            logits[r : r + 1].clone(), tokens[r : r + 1], 0.9, -100, None, None, True
+        )
+        assert ent1 is not None
+        assert torch.equal(one, full[r : r + 1]) and torch.equal(ent1, ent[r : r + 1])

@@ -98,3 +98,13 @@ def test_empirical_distribution(top_k: int, top_p: float, min_p: float) -> None:
     assert (freq[want == 0] == 0).all()
     sigma = (want * (1 - want) / draws).sqrt()
     assert ((freq - want).abs() <= 5 * sigma + 1e-9).all(), (freq, want)
+
+
+def test_bits_do_not_depend_on_row_alignment() -> None:
+    logits = _logits(7, 30001, torch.float16, seed=12)  # rows start at every alignment
+    seeds = torch.randint(0, 2**62, (7,), device="cuda")
+    full = sample(logits, 0.8, 40, 0.9, 0.0, seeds)
+    for r in range(7):
+        alone = sample(logits[r : r + 1].clone(), 0.8, 40, 0.9, 0.0, seeds[r : r + 1])
+        for x, y in zip(full, alone, strict=True):
+            assert torch.equal(x[r : r + 1], y)

@@ -1,6 +1,7 @@
 """linear_logp / linear_logp_entropy: cuBLAS GEMMs through torch, rlk kernels between them.
 
-Forward: row chunks of `hidden @ weight.T` (one bounded logits buffer) fed to the logp kernel.
+Forward: vocabulary chunks of `hidden @ weight.T` over all rows, each reduced to partial
+softmax statistics by a kernel that overlaps the next chunk's GEMM, then merged in order.
 Backward: vocabulary chunks over all rows. Each chunk's logits are recomputed, the logp backward
 kernel overwrites them with their gradient, and two GEMMs consume it: grad_hidden accumulates in
 float32 across chunks, and grad_weight[chunk] comes from one GEMM over all rows (float32
@@ -14,8 +15,9 @@ import os
 import torch
 from torch import Tensor
 
-from rlk_cuda._launch import f32_empty
-from rlk_cuda.logp import launch_backward, launch_forward
+from rlk_cuda import _ext
+from rlk_cuda._launch import device_of, dtype_code, f32_empty, ptr, stream
+from rlk_cuda.logp import launch_backward
 
 Temperature = float | Tensor
 _DEFAULT_CHUNK_MB = 256
@@ -84,41 +86,78 @@ def forward(
     logp = f32_empty(num, device=device)
     entropy = f32_empty(num, device=device) if with_entropy else None
     lse = f32_empty(num, device=device)
-    # Two half-budget buffers: the logp kernel of one chunk (memory-bound, side stream) runs
-    # under the GEMM of the next (compute-bound, caller's stream).
-    step = chunk_bytes() // 2 // (vocab * hidden.element_size())
-    step = max(1, min(num, (step // 128) * 128 or step))
-    buffers = [torch.empty(step * vocab, dtype=hidden.dtype, device=device) for _ in range(2)]
-    tokens = tokens.to(torch.int64)
+    if num == 0:
+        return logp, entropy, lse
+    index = device_of("hidden", hidden)
+    code = dtype_code("hidden", hidden)
+    # Vocabulary chunks over all rows (large GEMMs). Two half-budget buffers: the reduction of
+    # one chunk (memory-bound, side stream) runs under the GEMM of the next (caller's stream).
+    width = _chunk_width(num, vocab, hidden.element_size(), 2)
+    nchunks = (vocab + width - 1) // width
+    buffers = [torch.empty(num * width, dtype=hidden.dtype, device=device) for _ in range(2)]
+    partial = f32_empty(num * nchunks * 3, device=device)
+    tok_logit = f32_empty(num, device=device)
+    tokens = tokens.to(torch.int64).contiguous()
+    temp, temp_value = (
+        (temperature.to(torch.float32).contiguous(), 1.0)
+        if isinstance(temperature, Tensor)
+        else (None, float(temperature))
+    )
+    ext = _ext.load()
     main = torch.cuda.current_stream(device)
     side = _side_stream(device)
     side.wait_stream(main)
     free: list[torch.cuda.Event | None] = [None, None]
-    for chunk, start in enumerate(range(0, num, step)):
-        stop = min(num, start + step)
+
+    def cols(phase: int, logits: Tensor | None, start: int, chunk: int) -> None:
+        width_here = 0 if logits is None else logits.shape[1]
+        ext.logp_cols(
+            phase,
+            index,
+            stream(index),
+            ptr(logits),
+            code,
+            num,
+            width_here,
+            width_here,
+            start,
+            vocab,
+            ptr(tokens),
+            temp_value,
+            ptr(temp),
+            int(ignore_index),
+            chunk,
+            nchunks,
+            ptr(partial),
+            ptr(tok_logit),
+            ptr(logp),
+            ptr(entropy),
+            ptr(lse),
+        )
+
+    for chunk, start in enumerate(range(0, vocab, width)):
+        stop = min(vocab, start + width)
         slot = chunk % 2
         event = free[slot]
         if event is not None:
             main.wait_event(event)
-        view = buffers[slot][: (stop - start) * vocab].view(stop - start, vocab)
-        logits = _logits(hidden[start:stop], weight, bias, view)
+        view = buffers[slot][: num * (stop - start)].view(num, stop - start)
+        b = None if bias is None else bias[start:stop]
+        logits = _logits(hidden, weight[start:stop], b, view)
         side.wait_event(main.record_event())
-        temp = temperature[start:stop] if isinstance(temperature, Tensor) else temperature
         with torch.cuda.stream(side):
-            launch_forward(
-                logits,
-                tokens[start:stop],
-                temp,
-                ignore_index,
-                None,
-                logp[start:stop],
-                None if entropy is None else entropy[start:stop],
-                lse[start:stop],
-                None,
-            )
+            cols(0, logits, start, chunk)
         free[slot] = side.record_event()
+    with torch.cuda.stream(side):
+        cols(1, None, 0, 0)
     main.wait_stream(side)
     return logp, entropy, lse
+
+
+def _chunk_width(num: int, vocab: int, element_size: int, buffers: int) -> int:
+    """Vocabulary columns per chunk so that `buffers` [num, width] buffers fit the budget."""
+    width = chunk_bytes() // buffers // (max(num, 1) * element_size)
+    return max(128, min(vocab, (width // 128) * 128 or 128))
 
 
 def _accumulate_grad_hidden(acc: Tensor, grad_logits: Tensor, weight: Tensor) -> None:
@@ -161,8 +200,7 @@ def backward(
         if grad_b is not None:
             grad_b.zero_()
         return (None if grad_h is None else grad_h.to(hidden.dtype)), grad_w, grad_b
-    width = chunk_bytes() // (max(num, 1) * hidden.element_size())
-    width = max(128, min(vocab, (width // 128) * 128 or 128))
+    width = _chunk_width(num, vocab, hidden.element_size(), 1)
     buffer = torch.empty(num * width, dtype=hidden.dtype, device=dev)
     tokens = tokens.to(torch.int64).contiguous()
     g_logp = grad_logp.to(torch.float32).contiguous()

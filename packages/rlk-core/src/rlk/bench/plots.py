@@ -41,12 +41,17 @@ def _draw(path: Path, panels: dict[str, list[Row]], label: str,
         cases = list(dict.fromkeys(r.case for r in rows))
         impls = list(dict.fromkeys(r.impl for r in rows))
         width = 0.8 / len(impls)
+        drawn: list[float] = []
         for k, impl in enumerate(impls):
             heights = []
             for case in cases:
                 found = [value(r) for r in rows if r.case == case and r.impl == impl]
                 heights.append(found[0] if found and found[0] is not None else 0.0)
-            ax.bar([i + k * width for i in range(len(cases))], heights, width, label=impl)
+            bars = ax.bar([i + k * width for i in range(len(cases))], heights, width, label=impl)
+            ax.bar_label(bars, fmt="%.3g", fontsize=6)
+            drawn += [h for h in heights if h > 0]
+        if drawn and max(drawn) > 50 * min(drawn):  # peers an order apart: keep both readable
+            ax.set_yscale("log")
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cases))], cases, fontsize=7)
         ax.set_title(title, fontsize=9)
         ax.set_ylabel(label, fontsize=8)

@@ -29,7 +29,7 @@ class Budget:
         return max(self.min_reps, min(self.max_reps, wanted))
 
 
-FULL = Budget(warmup=3, seconds=1.0, min_reps=10, max_reps=200)
+FULL = Budget(warmup=3, seconds=0.5, min_reps=10, max_reps=100)
 SMOKE = Budget(warmup=1, seconds=0.05, min_reps=3, max_reps=5)
 
 

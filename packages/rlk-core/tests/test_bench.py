@@ -173,10 +173,13 @@ def test_a_peer_that_overwrites_its_inputs_is_restored_before_each_call(
     from dataclasses import replace
 
     workload = replace(logp_workloads.LOGP_BWD, name="logp-test",
-                       peers={"clobber": Peer("clobber", build, mutates=("logits",))})
+                       peers={"clobber": Peer("clobber", build, mutates=("logits",)),
+                              "eager": logp_workloads.LOGP.peers["eager"]})
     rows = _run(tmp_path, monkeypatch, workload, backends=[])
+    assert [r.impl for r in rows] == ["clobber", "eager"]
     assert rows[0].status == "pass" and rows[0].grad_max_abs_error < 1e-5
     assert len(seen) > 3 and min(seen) == max(seen) > 0
+    assert rows[1].max_abs_error < 1e-5  # the next row saw the original logits
 
 
 def test_missing_op_and_unknown_backend_are_blocked(tmp_path: Path,

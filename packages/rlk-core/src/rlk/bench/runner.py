@@ -65,7 +65,8 @@ def impls_for(workload: Workload, options: Options) -> list[Impl]:
         chosen = [b for b in workload.backends if options.backends is None
                   or b in options.backends]
     else:
-        chosen = list(options.backends) if options.backends else _registered(workload.op)
+        chosen = (list(options.backends) if options.backends is not None
+                  else _registered(workload.op))
     impls = [Impl(f"rlk:{b}", "rlk", backend=b) for b in chosen]
     if not chosen and options.backends is None:
         impls.append(Impl("rlk", "rlk", blocked=f"no installed backend registers '{workload.op}'"))
@@ -218,6 +219,14 @@ class Runner:
                     for name, saved in pristine.items():
                         buffers[0][name].copy_(saved)
 
+        try:
+            self._time(row, group, call, buffers, expected, setup)
+        finally:
+            if setup is not None:  # the rows after this one need the inputs intact
+                setup(0)
+
+    def _time(self, row: Row, group: Group, call: Call, buffers: list[Inputs], expected: Any,
+              setup: Callable[[int], None] | None) -> None:
         def run_on(i: int) -> object:
             return call(buffers[i % len(buffers)])
 

@@ -21,7 +21,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--workloads", default=None,
                         help=f"comma-separated, default all: {','.join(WORKLOADS)}")
     parser.add_argument("--backends", default=None,
-                        help="comma-separated rlk backends, default every one serving the op")
+                        help="comma-separated rlk backends, default every one serving the op; "
+                             "'' for none")
     parser.add_argument("--peers", default=None,
                         help=f"comma-separated, default all: {','.join(PEERS)}; '' for none")
     parser.add_argument("--dtype", default=None,
@@ -54,11 +55,15 @@ def options_from(args: argparse.Namespace) -> Any:
     extra = {}
     if args.device is not None:
         extra["device"] = torch.device(args.device)
-    peers = parse_list(args.peers)
+    def listed(text: str | None) -> list[str] | None:
+        """None when the flag is absent (all); [] when given empty (none)."""
+        names = parse_list(text)
+        return [] if text is not None and names is None else names
+
     return Options(
         workloads=parse_list(args.workloads),
-        backends=parse_list(args.backends),
-        peers=[] if args.peers is not None and not peers else peers,
+        backends=listed(args.backends),
+        peers=listed(args.peers),
         dtype=None if args.dtype is None else parse_dtype(args.dtype),
         output_dir=args.output_dir,
         smoke=args.smoke,

@@ -218,6 +218,40 @@ def bench_sample(copy_gbs: float) -> None:
     )
 
 
+def bench_group_advantages() -> None:
+    from rlk_cuda import advantages
+
+    n, groups = 8192, 1024
+    shape = f"N={n} groups={groups} std/mean"
+    rewards = torch.randn(n, device="cuda")
+    ids = torch.arange(n, device="cuda") // (n // groups)
+    attempt(
+        "group_advantages",
+        "rlk_cuda",
+        shape,
+        lambda: {
+            "ms": timed(
+                lambda i: advantages.forward(rewards, ids, groups, "std", "mean", 1e-6), reps=50
+            )
+        },
+    )
+    try:
+        from rlk.native import advantages as native
+    except ImportError as exc:
+        record("group_advantages", "rlk native", shape, None, status="blocked", error=str(exc))
+        return
+    attempt(
+        "group_advantages",
+        "rlk native (torch ops)",
+        shape,
+        lambda: {
+            "ms": timed(
+                lambda i: native.forward(rewards, ids, groups, "std", "mean", 1e-6), reps=50
+            )
+        },
+    )
+
+
 def bench_linear(tflops: float) -> None:
     n, h, vocab = 8192, 4096, 151936
     dtype = torch.bfloat16
@@ -314,6 +348,7 @@ def main() -> None:
     bench_logp(8192, 151936, copy_gbs, with_backward=True)
     bench_logp_backward(8192, 151936, copy_gbs)
     bench_sample(copy_gbs)
+    bench_group_advantages()
     bench_linear(tflops)
     meta = {
         "device": torch.cuda.get_device_name(),

@@ -103,6 +103,20 @@ NB_MODULE(_C, m) {
           check(phase == 0 ? rlk::logp_cols_partial(a, s) : rlk::logp_cols_merge(a, s));
         });
 
+  m.def("group_advantages",
+        [](int device, uintptr_t stream, uintptr_t rewards, uintptr_t group_ids, int64_t N,
+           int64_t num_groups, bool normalize_std, bool leave_one_out, float eps, uintptr_t out) {
+          if (N > 0) {
+            require(rewards, "rewards");
+            require(group_ids, "group_ids");
+            require(out, "out");
+          }
+          prepare(device);
+          rlk::GroupAdvArgs a{ptr<const float>(rewards), ptr<const int64_t>(group_ids), N,
+                              num_groups, normalize_std, leave_one_out, eps, ptr<float>(out)};
+          check(rlk::group_advantages(a, reinterpret_cast<void*>(stream)));
+        });
+
   m.def("sample",
         [](int device, uintptr_t stream, uintptr_t logits, int dtype, int64_t B, int64_t V,
            int64_t row_stride, float temperature, int64_t top_k, float top_p, float min_p,

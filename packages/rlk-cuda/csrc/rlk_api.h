@@ -47,6 +47,15 @@ struct LogpColsArgs {
   float* lse;             // [N] (merge)
 };
 
+struct GroupAdvArgs {
+  const float* rewards;     // [N]
+  const int64_t* group_ids; // [N] in [0, num_groups)
+  int64_t N, num_groups;
+  bool normalize_std, leave_one_out;
+  float eps;
+  float* out;               // [N]
+};
+
 struct LogpBwdArgs {
   const void* logits;     // [M, V] unit column stride
   int dtype;
@@ -86,6 +95,7 @@ const char* logp_forward(const LogpFwdArgs& a, void* stream);
 const char* logp_backward(const LogpBwdArgs& a, void* stream);
 const char* logp_cols_partial(const LogpColsArgs& a, void* stream);
 const char* logp_cols_merge(const LogpColsArgs& a, void* stream);
+const char* group_advantages(const GroupAdvArgs& a, void* stream);
 const char* sample(const SampleArgs& a, void* stream);
 
 }  // namespace rlk

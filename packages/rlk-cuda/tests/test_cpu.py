@@ -112,7 +112,14 @@ def test_integer_logits_are_a_type_error() -> None:
 def test_registration() -> None:
     from rlk.registry import Registry
 
-    ops = ("logp", "logp_entropy", "sample", "linear_logp", "linear_logp_entropy")
+    ops = (
+        "logp",
+        "logp_entropy",
+        "sample",
+        "linear_logp",
+        "linear_logp_entropy",
+        "group_advantages",
+    )
     registry = Registry(ops)
     plugin.rlk_register(registry)
     backend = registry.backends["cuda"]
@@ -121,7 +128,8 @@ def test_registration() -> None:
     for op in ops:
         (kernel,) = registry.kernels[op]
         assert kernel.devices == ("cuda",)
-        assert torch.bfloat16 in (kernel.dtypes or ())
+        want = (torch.float32,) if op == "group_advantages" else plugin.DTYPES
+        assert kernel.dtypes == want
     assert "batch_invariant" in registry.kernels["logp"][0].properties
     assert registry.kernels["logp"][0].backward_target == "rlk_cuda.logp:backward"
 
@@ -146,3 +154,13 @@ def test_chunk_budget_must_be_positive(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLK_CUDA_CHUNK_MB", "0")
     with pytest.raises(ValueError, match="RLK_CUDA_CHUNK_MB must be > 0, got '0'"):
         linear.chunk_bytes()
+
+
+def test_group_advantages_rejects_unknown_modes() -> None:
+    from rlk_cuda import advantages
+
+    rewards, ids = torch.randn(4), torch.zeros(4, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"normalize must be one of \('std', 'none'\); got 'z'"):
+        advantages.forward(rewards, ids, 1, "z", "mean", 1e-6)
+    with pytest.raises(ValueError, match="baseline must be one of"):
+        advantages.forward(rewards, ids, 1, "std", "median", 1e-6)

@@ -14,13 +14,21 @@ BACKEND = "cuda"
 PRIORITY = 200
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
-# op -> (forward target, backward target or None, properties, check target or None)
-KERNELS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
-    "logp": ("rlk_cuda.logp:forward", "rlk_cuda.logp:backward", ("batch_invariant",)),
-    "logp_entropy": ("rlk_cuda.logp:forward", "rlk_cuda.logp:backward", ("batch_invariant",)),
-    "sample": ("rlk_cuda.sample:sample", None, ("batch_invariant",)),
-    "linear_logp": ("rlk_cuda.linear:forward", "rlk_cuda.linear:backward", ()),
-    "linear_logp_entropy": ("rlk_cuda.linear:forward", "rlk_cuda.linear:backward", ()),
+FLOAT32 = (torch.float32,)
+
+# op -> (forward target, backward target or None, properties, dtypes of the main input)
+KERNELS: dict[str, tuple[str, str | None, tuple[str, ...], tuple[torch.dtype, ...]]] = {
+    "logp": ("rlk_cuda.logp:forward", "rlk_cuda.logp:backward", ("batch_invariant",), DTYPES),
+    "logp_entropy": (
+        "rlk_cuda.logp:forward",
+        "rlk_cuda.logp:backward",
+        ("batch_invariant",),
+        DTYPES,
+    ),
+    "sample": ("rlk_cuda.sample:sample", None, ("batch_invariant",), DTYPES),
+    "linear_logp": ("rlk_cuda.linear:forward", "rlk_cuda.linear:backward", (), DTYPES),
+    "linear_logp_entropy": ("rlk_cuda.linear:forward", "rlk_cuda.linear:backward", (), DTYPES),
+    "group_advantages": ("rlk_cuda.advantages:forward", None, (), FLOAT32),
 }
 
 
@@ -34,7 +42,7 @@ def _linear_check(*args: object, **kwargs: object) -> str | None:
 def rlk_register(registry: Registry) -> None:
     """Declare the backend and every kernel whose op this version of rlk-core defines."""
     registry.add_backend(BACKEND, priority=PRIORITY, probe=probe, version=__version__)
-    for op, (forward, backward, properties) in KERNELS.items():
+    for op, (forward, backward, properties, dtypes) in KERNELS.items():
         if op not in registry.known_ops:
             continue
         registry.add_kernel(
@@ -43,7 +51,7 @@ def rlk_register(registry: Registry) -> None:
             forward,
             backward=backward,
             devices=("cuda",),
-            dtypes=DTYPES,
+            dtypes=dtypes,
             check=_linear_check if op.startswith("linear") else None,
             properties=properties,
         )

@@ -1,0 +1,89 @@
+// group_advantages: one block per group scans the (small, L2-resident) rewards in index order,
+// so every sum has a fixed order: deterministic, and exact to float64 accumulation.
+#include <cmath>
+
+#include "common.cuh"
+#include "rlk_api.h"
+
+namespace rlk {
+namespace {
+
+constexpr int kThreads = 256;
+
+// Block-wide sum (op = 0) or minimum (op = 1) in a fixed order; every thread gets the result.
+__device__ double block_reduce_d(double v, double* scratch, int op) {
+  constexpr int kWarps = kThreads / RLK_WARP_SIZE;
+  for (int o = RLK_WARP_SIZE / 2; o > 0; o >>= 1) {
+#if RLK_HIP
+    const double u = __shfl_xor(v, o);
+#else
+    const double u = __shfl_xor_sync(RLK_FULL_MASK, v, o);
+#endif
+    v = op == 0 ? v + u : fmin(v, u);
+  }
+  const int warp = threadIdx.x / RLK_WARP_SIZE, lane = threadIdx.x % RLK_WARP_SIZE;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  double r = scratch[0];
+  for (int w = 1; w < kWarps; ++w) r = op == 0 ? r + scratch[w] : fmin(r, scratch[w]);
+  return r;
+}
+
+__global__ void __launch_bounds__(kThreads) group_advantages_kernel(GroupAdvArgs a) {
+  __shared__ double scratch[kThreads / RLK_WARP_SIZE];
+  const int64_t g = blockIdx.x;
+  // Pass 1: member count, NaN members, minimum.
+  double count = 0.0, nans = 0.0, low = INFINITY;
+  for (int64_t i = threadIdx.x; i < a.N; i += kThreads) {
+    if (a.group_ids[i] != g) continue;
+    const double r = a.rewards[i];
+    count += 1.0;
+    nans += r != r ? 1.0 : 0.0;
+    low = fmin(low, r);
+  }
+  count = block_reduce_d(count, scratch, 0);
+  nans = block_reduce_d(nans, scratch, 0);
+  low = block_reduce_d(low, scratch, 1);
+  const bool nan = nans > 0.0;
+  if (count == 0.0) return;
+  // Pass 2: sum of rewards centred on the minimum (a constant group sums to exactly 0).
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < a.N; i += kThreads)
+    if (a.group_ids[i] == g) sum += static_cast<double>(a.rewards[i]) - low;
+  sum = block_reduce_d(sum, scratch, 0);
+  const double mean = sum / count;
+  // Pass 3: sample standard deviation.
+  double std = 0.0;
+  if (a.normalize_std) {
+    double sq = 0.0;
+    for (int64_t i = threadIdx.x; i < a.N; i += kThreads) {
+      if (a.group_ids[i] != g) continue;
+      const double d = static_cast<double>(a.rewards[i]) - low - mean;
+      sq += d * d;
+    }
+    sq = block_reduce_d(sq, scratch, 0);
+    std = sqrt(sq / fmax(count - 1.0, 1.0));
+  }
+  // Pass 4: write the group's advantages.
+  for (int64_t i = threadIdx.x; i < a.N; i += kThreads) {
+    if (a.group_ids[i] != g) continue;
+    const double c = static_cast<double>(a.rewards[i]) - low;
+    double adv = a.leave_one_out ? c - (sum - c) / fmax(count - 1.0, 1.0) : c - mean;
+    if (a.normalize_std && adv != 0.0) adv /= std + a.eps;
+    a.out[i] = nan ? __int_as_float(0x7fc00000) : static_cast<float>(adv);
+  }
+}
+
+}  // namespace
+
+const char* group_advantages(const GroupAdvArgs& a, void* stream) {
+  if (a.N == 0 || a.num_groups == 0) return nullptr;
+  if (a.num_groups > 0x7fffffffLL) return "group_advantages: too many groups";
+  group_advantages_kernel<<<static_cast<unsigned>(a.num_groups), kThreads, 0,
+                            static_cast<rlkStream_t>(stream)>>>(a);
+  const rlkError_t e = rlkGetLastError();
+  return e == rlkSuccess ? nullptr : rlkGetErrorString(e);
+}
+
+}  // namespace rlk

@@ -91,9 +91,18 @@ def test_kernels_without_a_device_raise_a_clean_error() -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-device path")
-def test_extension_raises_instead_of_crashing_without_a_device() -> None:
+def test_extension_raises_instead_of_crashing_without_a_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past the Python checks, the extension itself turns HIP's error into an exception."""
+    logp = importlib.import_module("rlk_rocm.logp")
+    monkeypatch.setattr(logp, "device_of", lambda name, tensor: 0)
+    monkeypatch.setattr(logp, "same_device", lambda name, tensor, device: None)
+    monkeypatch.setattr(logp, "stream", lambda device: 0)
+    logits = torch.randn(4, 10)
+    tokens = torch.randint(0, 10, (4,))
     with pytest.raises(RuntimeError, match="cannot select device 0"):
-        _ext.load().logp_forward(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1.0, 0, -100, 0, 1, 0, 0, 0)
+        logp.forward(logits, tokens, 1.0, -100, None, None, False)
 
 
 def test_linear_check_is_rlk_cudas() -> None:

@@ -9,7 +9,7 @@ import rlk_rocm
 from rlk.registry import Registry
 from rlk_rocm import _ext, plugin, probe
 
-OPS = ("logp", "logp_entropy", "sample", "linear_logp", "linear_logp_entropy")
+OPS = ("logp", "logp_entropy", "sample", "linear_logp", "linear_logp_entropy", "group_advantages")
 
 
 def test_version_and_plugin_api() -> None:
@@ -38,15 +38,13 @@ def test_registration() -> None:
     backend = registry.backends["rocm"]
     assert backend.priority == 200
     assert backend.probe is probe.probe
+    halves = {torch.float32, torch.bfloat16, torch.float16}
     for op in OPS:
         (kernel,) = registry.kernels[op]
         assert kernel.devices == ("cuda",)
-        assert kernel.dtypes is not None and set(kernel.dtypes) == {
-            torch.float32,
-            torch.bfloat16,
-            torch.float16,
-        }
         assert kernel.target.startswith("rlk_rocm.")
+        want = {torch.float32} if op == "group_advantages" else halves
+        assert kernel.dtypes is not None and set(kernel.dtypes) == want
     assert "batch_invariant" in registry.kernels["logp"][0].properties
     assert registry.kernels["sample"][0].backward_target is None
     assert registry.kernels["logp_entropy"][0].backward_target == "rlk_rocm.logp:backward"

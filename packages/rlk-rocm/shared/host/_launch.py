@@ -1,1 +1,61 @@
-../../../rlk-cuda/src/rlk_cuda/_launch.py
+"""What every kernel wrapper needs before a launch: device checks, dtype codes, the stream."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def dtype_code(name: str, tensor: Tensor) -> int:
+    """The extension's code for the tensor's dtype; TypeError for anything else."""
+    try:
+        return DTYPE_CODES[tensor.dtype]
+    except KeyError:
+        raise TypeError(
+            f"{name} must be float32, bfloat16 or float16 for rlk_cuda; got {tensor.dtype}"
+        ) from None
+
+
+def device_of(name: str, tensor: Tensor) -> int:
+    """The CUDA device index of `tensor`; a clean error when there is no CUDA device."""
+    if tensor.device.type != "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                f"rlk_cuda kernels need a CUDA device and none is available ({name} is on "
+                f"{tensor.device}); use another rlk backend on this machine"
+            )
+        raise ValueError(f"{name} must be a CUDA tensor for rlk_cuda; got device {tensor.device}")
+    index = tensor.device.index
+    return torch.cuda.current_device() if index is None else index
+
+
+def same_device(name: str, tensor: Tensor, device: int) -> None:
+    """ValueError unless `tensor` lives on CUDA device `device`."""
+    if tensor.device.type != "cuda" or tensor.device.index != device:
+        raise ValueError(f"{name} must be on cuda:{device}; got {tensor.device}")
+
+
+def stream(device: int) -> int:
+    """The caller's current stream on `device`, as the raw handle the extension expects."""
+    return int(torch.cuda.current_stream(device).cuda_stream)
+
+
+def f32_empty(*shape: int, device: torch.device) -> Tensor:
+    """An uninitialised float32 output on `device`."""
+    return torch.empty(shape, dtype=torch.float32, device=device)
+
+
+def ptr(tensor: Tensor | None) -> int:
+    """Data pointer, or 0 for an absent optional tensor."""
+    return 0 if tensor is None else int(tensor.data_ptr())
+
+
+def rows_major(tensor: Tensor) -> Tensor:
+    """`tensor` with unit column stride (copied only if needed); rows may keep any stride."""
+    if tensor.shape[1] > 1 and tensor.stride(1) != 1:
+        return tensor.contiguous()
+    if tensor.shape[0] > 1 and tensor.stride(0) < tensor.shape[1]:
+        return tensor.contiguous()
+    return tensor

@@ -1,1 +1,234 @@
-../../../rlk-cuda/src/rlk_cuda/linear.py
+"""linear_logp / linear_logp_entropy: cuBLAS GEMMs through torch, rlk kernels between them.
+
+Forward: vocabulary chunks of `hidden @ weight.T` over all rows, each reduced to partial
+softmax statistics by a kernel that overlaps the next chunk's GEMM, then merged in order.
+Backward: vocabulary chunks over all rows. Each chunk's logits are recomputed, the logp backward
+kernel overwrites them with their gradient, and two GEMMs consume it: grad_hidden accumulates in
+float32 across chunks, and grad_weight[chunk] comes from one GEMM over all rows (float32
+accumulation inside cuBLAS), so no float32 copy of the weight ever exists.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+from rlk_cuda import _ext
+from rlk_cuda._launch import device_of, dtype_code, f32_empty, ptr, stream
+from rlk_cuda.logp import launch_backward
+
+Temperature = float | Tensor
+_DEFAULT_CHUNK_MB = 256
+
+
+def chunk_bytes() -> int:
+    """Budget of the one logits buffer (RLK_CUDA_CHUNK_MB overrides the 256 MiB default)."""
+    raw = os.environ.get("RLK_CUDA_CHUNK_MB", str(_DEFAULT_CHUNK_MB))
+    value = float(raw)
+    if value <= 0:
+        raise ValueError(f"RLK_CUDA_CHUNK_MB must be > 0, got {raw!r}")
+    return int(value * 2**20)
+
+
+def check(
+    hidden: Tensor,
+    weight: Tensor,
+    tokens: Tensor,
+    bias: Tensor | None,
+    temperature: Temperature,
+    ignore_index: int,
+    with_entropy: bool = False,
+    group: object = None,
+    **_: object,
+) -> str | None:
+    """Reasons this backend declines a call (checked on selection-cache misses only)."""
+    if group is not None:
+        return "group= (vocabulary-parallel weights) is not implemented by rlk-cuda yet"
+    return None
+
+
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """A second stream per device for the logp kernels that overlap the GEMMs."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SIDE_STREAMS:
+        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
+    return _SIDE_STREAMS[index]
+
+
+def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> Tensor:
+    if bias is None:
+        return torch.mm(hidden, weight.t(), out=out)
+    return torch.addmm(bias, hidden, weight.t(), out=out)
+
+
+def forward(
+    hidden: Tensor,
+    weight: Tensor,
+    tokens: Tensor,
+    bias: Tensor | None,
+    temperature: Temperature,
+    ignore_index: int,
+    with_entropy: bool,
+    group: object,
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """logp (and entropy) of tokens under softmax((hidden @ weight.T + bias) / T)."""
+    if group is not None:
+        raise NotImplementedError(
+            check(hidden, weight, tokens, bias, temperature, ignore_index, group=group)
+        )
+    num, vocab = hidden.shape[0], weight.shape[0]
+    device = hidden.device
+    logp = f32_empty(num, device=device)
+    entropy = f32_empty(num, device=device) if with_entropy else None
+    lse = f32_empty(num, device=device)
+    if num == 0:
+        return logp, entropy, lse
+    index = device_of("hidden", hidden)
+    code = dtype_code("hidden", hidden)
+    # Vocabulary chunks over all rows (large GEMMs). Two half-budget buffers: the reduction of
+    # one chunk (memory-bound, side stream) runs under the GEMM of the next (caller's stream).
+    width = _chunk_width(num, vocab, hidden.element_size(), 2)
+    nchunks = (vocab + width - 1) // width
+    buffers = [torch.empty(num * width, dtype=hidden.dtype, device=device) for _ in range(2)]
+    partial = f32_empty(num * nchunks * 3, device=device)
+    tok_logit = f32_empty(num, device=device)
+    tokens = tokens.to(torch.int64).contiguous()
+    temp, temp_value = (
+        (temperature.to(torch.float32).contiguous(), 1.0)
+        if isinstance(temperature, Tensor)
+        else (None, float(temperature))
+    )
+    ext = _ext.load()
+    main = torch.cuda.current_stream(device)
+    side = _side_stream(device)
+    side.wait_stream(main)
+    free: list[torch.cuda.Event | None] = [None, None]
+
+    def cols(phase: int, logits: Tensor | None, start: int, chunk: int) -> None:
+        width_here = 0 if logits is None else logits.shape[1]
+        ext.logp_cols(
+            phase,
+            index,
+            stream(index),
+            ptr(logits),
+            code,
+            num,
+            width_here,
+            width_here,
+            start,
+            vocab,
+            ptr(tokens),
+            temp_value,
+            ptr(temp),
+            int(ignore_index),
+            chunk,
+            nchunks,
+            ptr(partial),
+            ptr(tok_logit),
+            ptr(logp),
+            ptr(entropy),
+            ptr(lse),
+        )
+
+    for chunk, start in enumerate(range(0, vocab, width)):
+        stop = min(vocab, start + width)
+        slot = chunk % 2
+        event = free[slot]
+        if event is not None:
+            main.wait_event(event)
+        view = buffers[slot][: num * (stop - start)].view(num, stop - start)
+        b = None if bias is None else bias[start:stop]
+        logits = _logits(hidden, weight[start:stop], b, view)
+        side.wait_event(main.record_event())
+        with torch.cuda.stream(side):
+            cols(0, logits, start, chunk)
+        free[slot] = side.record_event()
+    with torch.cuda.stream(side):
+        cols(1, None, 0, 0)
+    main.wait_stream(side)
+    return logp, entropy, lse
+
+
+def _chunk_width(num: int, vocab: int, element_size: int, buffers: int) -> int:
+    """Vocabulary columns per chunk so that `buffers` [num, width] buffers fit the budget."""
+    width = chunk_bytes() // buffers // (max(num, 1) * element_size)
+    return max(128, min(vocab, (width // 128) * 128 or 128))
+
+
+def _accumulate_grad_hidden(acc: Tensor, grad_logits: Tensor, weight: Tensor) -> None:
+    """acc += grad_logits @ weight in float32 (a float32-output GEMM when torch has one)."""
+    try:
+        torch.addmm(acc, grad_logits, weight, out_dtype=torch.float32, out=acc)
+    except (TypeError, RuntimeError, NotImplementedError):
+        acc.add_(torch.mm(grad_logits, weight))
+
+
+def backward(
+    grad_logp: Tensor,
+    grad_entropy: Tensor | None,
+    hidden: Tensor,
+    weight: Tensor,
+    tokens: Tensor,
+    bias: Tensor | None,
+    temperature: Temperature,
+    ignore_index: int,
+    group: object,
+    lse: Tensor,
+    entropy: Tensor | None,
+    needs_input_grad: tuple[bool, bool, bool],
+) -> tuple[Tensor | None, ...]:
+    """Gradients to (hidden, weight, bias), vocabulary chunk by vocabulary chunk."""
+    if group is not None:
+        raise NotImplementedError(
+            check(hidden, weight, tokens, bias, temperature, ignore_index, group=group)
+        )
+    want_h, want_w, want_b = needs_input_grad
+    want_b = want_b and bias is not None
+    num, vocab = hidden.shape[0], weight.shape[0]
+    dev = hidden.device
+    grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=dev) if want_h else None
+    grad_w = torch.empty_like(weight) if want_w else None
+    grad_b = torch.empty_like(bias) if want_b and bias is not None else None
+    if num == 0:
+        if grad_w is not None:
+            grad_w.zero_()
+        if grad_b is not None:
+            grad_b.zero_()
+        return (None if grad_h is None else grad_h.to(hidden.dtype)), grad_w, grad_b
+    width = _chunk_width(num, vocab, hidden.element_size(), 1)
+    buffer = torch.empty(num * width, dtype=hidden.dtype, device=dev)
+    tokens = tokens.to(torch.int64).contiguous()
+    g_logp = grad_logp.to(torch.float32).contiguous()
+    g_ent = None if grad_entropy is None else grad_entropy.to(torch.float32).contiguous()
+    lse = lse.to(torch.float32).contiguous()
+    entropy = None if entropy is None else entropy.to(torch.float32).contiguous()
+    for start in range(0, vocab, width):
+        stop = min(vocab, start + width)
+        w = weight[start:stop]
+        b = None if bias is None else bias[start:stop]
+        logits = _logits(hidden, w, b, buffer[: num * (stop - start)].view(num, stop - start))
+        launch_backward(
+            logits,
+            logits,
+            tokens,
+            g_logp,
+            g_ent,
+            lse,
+            entropy,
+            temperature,
+            ignore_index,
+            start,
+            vocab,
+        )
+        if grad_h is not None:
+            _accumulate_grad_hidden(grad_h, logits, w)
+        if grad_w is not None:
+            torch.mm(logits.t(), hidden, out=grad_w[start:stop])
+        if grad_b is not None:
+            grad_b[start:stop] = logits.sum(0, dtype=torch.float32)
+    return (None if grad_h is None else grad_h.to(hidden.dtype)), grad_w, grad_b

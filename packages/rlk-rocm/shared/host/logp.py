@@ -1,1 +1,192 @@
-../../../rlk-cuda/src/rlk_cuda/logp.py
+"""logp / logp_entropy kernels: the kernel-level functions rlk's dispatcher calls.
+
+Signatures follow docs/backends/writing-a-backend.md. Logits with a non-unit column stride are
+copied to a contiguous tensor first (any row stride is read in place).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rlk_cuda import _ext
+from rlk_cuda._launch import device_of, dtype_code, f32_empty, ptr, rows_major, same_device, stream
+
+Temperature = float | Tensor
+
+
+def _split(temperature: Temperature, device: int) -> tuple[Tensor | None, float]:
+    if isinstance(temperature, Tensor):
+        same_device("temperature", temperature, device)
+        return temperature.to(torch.float32).contiguous(), 1.0
+    return None, float(temperature)
+
+
+def launch_forward(
+    logits: Tensor,
+    tokens: Tensor | None,
+    temperature: Temperature,
+    ignore_index: int,
+    rows: Tensor | None,
+    logp: Tensor | None,
+    entropy: Tensor | None,
+    lse: Tensor | None,
+    stats: Tensor | None,
+) -> None:
+    """Run the forward kernel into caller-provided float32 outputs (None skips an output)."""
+    device = device_of("logits", logits)
+    code = dtype_code("logits", logits)
+    logits = rows_major(logits)
+    num_rows, vocab = logits.shape
+    temp, temp_value = _split(temperature, device)
+    count = num_rows if rows is None else rows.shape[0]
+    if tokens is not None:
+        same_device("tokens", tokens, device)
+        tokens = tokens.to(torch.int64).contiguous()
+    if rows is not None:
+        same_device("rows", rows, device)
+        rows = rows.to(torch.int64).contiguous()
+    ext = _ext.load()
+    segments = int(ext.logp_forward_segments(vocab))
+    partial = None
+    if segments > 1:  # scratch for the split rows' partial statistics, from torch's allocator
+        partial = torch.empty(count * segments * 3, dtype=torch.float32, device=logits.device)
+    ext.logp_forward(
+        device,
+        stream(device),
+        ptr(logits),
+        code,
+        num_rows,
+        vocab,
+        logits.stride(0),
+        ptr(tokens),
+        ptr(rows),
+        count,
+        temp_value,
+        ptr(temp),
+        int(ignore_index),
+        ptr(logp),
+        1 if logp is None else logp.stride(0),
+        ptr(entropy),
+        ptr(lse),
+        ptr(stats),
+        segments,
+        ptr(partial),
+    )
+
+
+def forward(
+    logits: Tensor,
+    tokens: Tensor,
+    temperature: Temperature,
+    ignore_index: int,
+    rows: Tensor | None,
+    out: Tensor | None,
+    with_entropy: bool,
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """log-softmax(logits / T) at tokens (and the entropy), one pass over each row."""
+    count = logits.shape[0] if rows is None else rows.shape[0]
+    device = logits.device
+    logp = f32_empty(count, device=device) if out is None else out
+    entropy = f32_empty(count, device=device) if with_entropy else None
+    lse = f32_empty(count, device=device)
+    if count > 0:
+        launch_forward(logits, tokens, temperature, ignore_index, rows, logp, entropy, lse, None)
+    return logp, entropy, lse
+
+
+def launch_backward(
+    grad: Tensor,
+    logits: Tensor,
+    tokens: Tensor,
+    g_logp: Tensor,
+    g_entropy: Tensor | None,
+    lse: Tensor,
+    entropy: Tensor | None,
+    temperature: Temperature,
+    ignore_index: int,
+    col_offset: int,
+    vocab_total: int,
+) -> None:
+    """Write the gradient of every row of `logits` into `grad` (which may be `logits`)."""
+    device = device_of("logits", logits)
+    code = dtype_code("logits", logits)
+    if grad.dtype != logits.dtype or grad.shape != logits.shape:
+        raise ValueError(
+            f"grad must match logits ({logits.dtype}, {tuple(logits.shape)}); "
+            f"got {grad.dtype}, {tuple(grad.shape)}"
+        )
+    temp, temp_value = _split(temperature, device)
+    num_rows, vocab = logits.shape
+    _ext.load().logp_backward(
+        device,
+        stream(device),
+        ptr(logits),
+        code,
+        num_rows,
+        vocab,
+        logits.stride(0),
+        ptr(grad),
+        grad.stride(0),
+        ptr(tokens),
+        ptr(g_logp),
+        ptr(g_entropy),
+        ptr(lse),
+        ptr(entropy),
+        temp_value,
+        ptr(temp),
+        int(ignore_index),
+        int(col_offset),
+        int(vocab_total),
+    )
+
+
+def _per_row(values: Tensor | None, rows: Tensor, num_rows: int, accumulate: bool) -> Tensor | None:
+    """Scatter per-selected-row values to all rows (zeros elsewhere; repeats add up)."""
+    return None if values is None else _scatter(values, rows, num_rows, accumulate)
+
+
+def _scatter(values: Tensor, rows: Tensor, num_rows: int, accumulate: bool) -> Tensor:
+    full = torch.zeros(num_rows, dtype=torch.float32, device=values.device)
+    values = values.to(torch.float32)
+    return full.index_add_(0, rows, values) if accumulate else full.index_copy_(0, rows, values)
+
+
+def backward(
+    grad_logp: Tensor,
+    grad_entropy: Tensor | None,
+    logits: Tensor,
+    tokens: Tensor,
+    temperature: Temperature,
+    ignore_index: int,
+    rows: Tensor | None,
+    lse: Tensor,
+    entropy: Tensor | None,
+    inplace: bool,
+) -> Tensor:
+    """Gradient w.r.t. logits in one pass; with inplace=True it overwrites the logits buffer."""
+    device = device_of("logits", logits)
+    num_rows, vocab = logits.shape
+    unit = rows_major(logits)
+    copied = unit is not logits
+    tokens = tokens.to(torch.int64).contiguous()
+    g_logp = grad_logp.to(torch.float32).contiguous()
+    g_ent = None if grad_entropy is None else grad_entropy.to(torch.float32).contiguous()
+    if rows is not None:
+        same_device("rows", rows, device)
+        rows = rows.to(torch.int64)
+        g_logp = _scatter(g_logp, rows, num_rows, True)
+        g_ent = _per_row(g_ent, rows, num_rows, True)
+        lse = _scatter(lse, rows, num_rows, False)
+        entropy = _per_row(entropy, rows, num_rows, False)
+    lse = lse.to(torch.float32).contiguous()
+    if entropy is not None:
+        entropy = entropy.to(torch.float32).contiguous()
+    if g_ent is not None and entropy is None:
+        raise ValueError("grad_entropy needs the entropy saved by the forward")
+    grad = unit if (inplace or copied) else torch.empty_like(unit)
+    if num_rows > 0:
+        launch_backward(
+            grad, unit, tokens, g_logp, g_ent, lse, entropy, temperature, ignore_index, 0, vocab
+        )
+    return grad

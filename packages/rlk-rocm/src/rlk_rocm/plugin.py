@@ -17,14 +17,18 @@ RLK_PLUGIN_API = "1.0"
 BACKEND = "rocm"
 PRIORITY = 200
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+FLOAT32 = (torch.float32,)
+BATCH_INVARIANT = ("batch_invariant",)
 
-# op -> (forward target, backward target or None, properties)
-KERNELS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
-    "logp": ("rlk_rocm.logp:forward", "rlk_rocm.logp:backward", ("batch_invariant",)),
-    "logp_entropy": ("rlk_rocm.logp:forward", "rlk_rocm.logp:backward", ("batch_invariant",)),
-    "sample": ("rlk_rocm.sample:sample", None, ("batch_invariant",)),
-    "linear_logp": ("rlk_rocm.linear:forward", "rlk_rocm.linear:backward", ()),
-    "linear_logp_entropy": ("rlk_rocm.linear:forward", "rlk_rocm.linear:backward", ()),
+# op -> (forward target, backward target or None, properties, dtypes of the main input).
+# The same table as rlk_cuda.plugin's under this package's name (tests/test_parity.py checks).
+KERNELS: dict[str, tuple[str, str | None, tuple[str, ...], tuple[torch.dtype, ...]]] = {
+    "logp": ("rlk_rocm.logp:forward", "rlk_rocm.logp:backward", BATCH_INVARIANT, DTYPES),
+    "logp_entropy": ("rlk_rocm.logp:forward", "rlk_rocm.logp:backward", BATCH_INVARIANT, DTYPES),
+    "sample": ("rlk_rocm.sample:sample", None, BATCH_INVARIANT, DTYPES),
+    "linear_logp": ("rlk_rocm.linear:forward", "rlk_rocm.linear:backward", (), DTYPES),
+    "linear_logp_entropy": ("rlk_rocm.linear:forward", "rlk_rocm.linear:backward", (), DTYPES),
+    "group_advantages": ("rlk_rocm.advantages:forward", None, (), FLOAT32),
 }
 
 
@@ -39,7 +43,7 @@ def _linear_check(*args: object, **kwargs: object) -> str | None:
 def rlk_register(registry: Registry) -> None:
     """Declare the backend and every kernel whose op this version of rlk-core defines."""
     registry.add_backend(BACKEND, priority=PRIORITY, probe=probe, version=__version__)
-    for op, (forward, backward, properties) in KERNELS.items():
+    for op, (forward, backward, properties, dtypes) in KERNELS.items():
         if op not in registry.known_ops:
             continue
         registry.add_kernel(
@@ -48,7 +52,7 @@ def rlk_register(registry: Registry) -> None:
             forward,
             backward=backward,
             devices=("cuda",),
-            dtypes=DTYPES,
+            dtypes=dtypes,
             check=_linear_check if op.startswith("linear") else None,
             properties=properties,
         )

@@ -2,7 +2,8 @@
 
 Each variant runs in a fresh process (so memory one variant freed cannot hide the
 other's peak): one warm-up step, then the extra memory of one step above its inputs
-(peak RSS growth, `rlk.bench.memory`), then the median time of `--reps` steps.
+(peak RSS growth, `rlk.bench.memory`), then the median wall time of `--reps` steps
+and the CPU time per step (all threads; steadier than wall time on a shared machine).
 A step is the forward, the backward to hidden and weight with a random upstream
 gradient, and nothing else. Default shape: N=2048, H=1024, V=32768, float32.
 
@@ -17,6 +18,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 
 import torch
@@ -46,32 +48,41 @@ def _rlk(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor) -> to
     return rlk.linear_logp(hidden, weight, tokens)
 
 
-def _step(variant: str, data: dict[str, torch.Tensor]) -> Callable[[int], torch.Tensor]:
+Step = Callable[[int], torch.Tensor]
+
+
+def _step(variant: str, data: dict[str, torch.Tensor]) -> tuple[Step, Callable[[], None]]:
     forward = _naive if variant == "naive" else _rlk
     hidden = data["hidden"].clone().requires_grad_(True)
     weight = data["weight"].clone().requires_grad_(True)
 
-    def step(_: int) -> torch.Tensor:
+    def reset() -> None:
         hidden.grad = weight.grad = None
+
+    def step(_: int) -> torch.Tensor:
+        reset()
         logp = forward(hidden, weight, data["tokens"])
         logp.backward(data["grad"])
         return logp.detach()
 
-    return step
+    return step, reset
 
 
 def child(variant: str, n: int, h: int, v: int, reps: int) -> dict[str, object]:
     from rlk.bench import memory, timing
 
     data = _inputs(n, h, v)
-    step = _step(variant, data)
+    step, reset = _step(variant, data)
     logp = step(0)  # warm-up: thread pools, BLAS buffers, plugin loading
+    reset()  # the baseline holds the inputs only, not the warm-up's gradients
     _, extra, method = memory.extra(lambda: step(0), torch.device("cpu"))
     budget = timing.Budget(warmup=0, seconds=0.0, min_reps=reps, max_reps=reps)
+    cpu_before = time.process_time()
     timed = timing.measure(step, budget, torch.device("cpu"))
+    cpu_ms = (time.process_time() - cpu_before) * 1e3 / (timed.reps + 1)
     return {"variant": variant, "median_ms": timed.median_ms, "min_ms": timed.min_ms,
-            "reps": timed.reps, "extra_mib": extra / MIB, "memory_method": method,
-            "logp": logp.tolist()}
+            "cpu_ms": cpu_ms, "reps": timed.reps, "extra_mib": extra / MIB,
+            "memory_method": method, "logp": logp.tolist()}
 
 
 def main() -> None:
@@ -107,10 +118,10 @@ def main() -> None:
     print(f"linear_logp fwd+bwd, N={args.n} H={args.h} V={args.v} float32, "
           f"{report['machine']['threads']} threads, chunk budget {report['chunk_mb']} MiB")
     print(f"inputs {inputs_mib:.0f} MiB; the gradients alone are {grads_mib:.0f} MiB")
-    print(f"{'variant':8} {'median ms':>10} {'min ms':>10} {'extra MiB':>10}")
+    print(f"{'variant':8} {'median ms':>10} {'min ms':>10} {'CPU ms':>10} {'extra MiB':>10}")
     for row in rows:
         print(f"{row['variant']:8} {row['median_ms']:10.1f} {row['min_ms']:10.1f} "
-              f"{row['extra_mib']:10.1f}")
+              f"{row['cpu_ms']:10.1f} {row['extra_mib']:10.1f}")
     print(f"max |logp(rlk) - logp(naive)| = {report['max_abs_logp_difference']:.2e}; "
           f"memory: {rows[0]['memory_method']}")
     if args.json:

@@ -8,6 +8,7 @@
 # benchmarks/profiler.py. Extra arguments go to the bench, e.g.
 #   tools/gpu/bench.sh --workloads logp,logp-bwd,logp-entropy
 #   RLK_BENCH_COMMIT=<sha> tools/gpu/bench.sh     (records the commit when .git did not travel)
+#   RLK_BENCH_TIME_LIMIT=300 tools/gpu/bench.sh   (seconds before no new row starts; default 480)
 # Writes report.json, report.csv, report.md, time.png, memory.png, roofline.png and bench.log.
 set -uo pipefail
 OUT="${OUT:-$PWD/bench-results}"
@@ -44,8 +45,8 @@ PY
   || echo "warning: rlk_cuda does not import: the cuda rows will be blocked (run tools/gpu/check.sh first)"
 
 say "rlk-core bench"
-"$PY" benchmarks/profiler.py --peers eager,compile,liger,cce,flashinfer --output-dir "$OUT" "$@" \
-  2>&1 | tee "$OUT/bench.log"
+"$PY" benchmarks/profiler.py --peers eager,compile,liger,cce,flashinfer \
+  --time-limit "${RLK_BENCH_TIME_LIMIT:-480}" --output-dir "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
 status=${PIPESTATUS[0]}
 say "done (exit $status; 1 means a row failed or ran out of memory: see report.md)"
 exit "$status"

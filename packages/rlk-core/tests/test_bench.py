@@ -198,6 +198,19 @@ def test_missing_op_and_unknown_backend_are_blocked(tmp_path: Path,
     assert rows["eager"].status == "pass"
 
 
+def test_time_limit_reports_unrun_rows_and_still_writes(tmp_path: Path) -> None:
+    code = main(["bench", "--smoke", "--workloads", "logp,group-advantages", "--peers", "eager",
+                 "--backends", "native", "--time-limit", "1e-6", "--output-dir", str(tmp_path),
+                 "--no-summary"])
+    assert code == 0
+    report = load(tmp_path)
+    assert len(report["rows"]) == 4
+    for row in report["rows"]:
+        assert row["status"] == "blocked" and "--time-limit" in row["reason"]
+    assert "--time-limit" in report["metadata"]["command"]
+    assert main(["bench", "--smoke", "--time-limit", "0", "--output-dir", str(tmp_path)]) == 2
+
+
 def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--smoke", "--workloads", "logp,nope", "--output-dir",
                  str(tmp_path)]) == 2

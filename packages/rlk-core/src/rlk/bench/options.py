@@ -40,6 +40,7 @@ class Options:
     output_dir: Path = Path("bench-results")
     smoke: bool = False
     summary: bool = True
+    time_limit: float | None = None
     command: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -47,6 +48,9 @@ class Options:
         if unknown:
             raise ValueError(f"unknown peer(s) {', '.join(unknown)}; "
                              f"expected any of {', '.join(PEERS)}")
+        if self.time_limit is not None and not self.time_limit > 0:
+            raise ValueError(f"--time-limit must be a positive number of seconds; "
+                             f"got {self.time_limit}")
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device cuda was asked for but torch sees no CUDA device")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import math
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -114,6 +115,11 @@ class Runner:
         self.ceilings = ceilings
         self.bar = bar
         self.budget = timing.SMOKE if options.smoke else timing.FULL
+        self.deadline = (None if options.time_limit is None
+                         else time.monotonic() + options.time_limit)
+
+    def _out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
 
     def run(self, groups: list[Group]) -> Iterator[Row]:
         for group in groups:
@@ -127,13 +133,21 @@ class Runner:
         buffers: list[Inputs] = []
         failed: tuple[str, str] | None = None
         try:
+            if self._out_of_time():
+                raise TimeoutError
             buffers = self._buffers(group, dtype, backward)
+        except TimeoutError:
+            failed = (BLOCKED, f"not run: the --time-limit of {self.options.time_limit:g} s "
+                               "was spent")
         except Exception as exc:
             failed = (OOM if _is_oom(exc) else FAILURE, "making the inputs: " + _describe(exc))
         expected, checked = (None, "") if failed else self._reference(group, buffers[0], backward)
         for impl in group.impls:
             row = self._blank(group, impl, dtype)
             self.bar.start(f"{group.workload.name} {group.mode} {group.case.label} {impl.name}")
+            if failed is None and self._out_of_time():
+                failed = (BLOCKED, f"not run: the --time-limit of {self.options.time_limit:g} s "
+                                   "was spent")
             if failed is not None:
                 row.status, row.reason = failed
             else:

@@ -31,6 +31,9 @@ def add_parser(subparsers: Any) -> None:
                         help="cpu, cuda or cuda:N (default: cuda when torch sees one)")
     parser.add_argument("--output-dir", type=Path, default=Path("bench-results"),
                         help="where the report files go (default ./bench-results)")
+    parser.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                        help="start no row after this many seconds; later rows are reported "
+                             "blocked, so the reports are always written")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, few repetitions")
     parser.add_argument("--no-summary", action="store_true",
                         help="do not print the result table at the end")
@@ -40,10 +43,10 @@ def add_parser(subparsers: Any) -> None:
 def command_line(args: argparse.Namespace) -> list[str]:
     """The run as an `rlk-core bench` command (the same whichever entry point started it)."""
     words = ["rlk-core", "bench"]
-    for flag in ("workloads", "backends", "peers", "dtype", "device"):
+    for flag in ("workloads", "backends", "peers", "dtype", "device", "time_limit"):
         value = getattr(args, flag)
         if value is not None:
-            words += [f"--{flag}", value]
+            words += [f"--{flag.replace('_', '-')}", str(value)]
     words += ["--output-dir", str(args.output_dir)]
     words += ["--smoke"] * args.smoke + ["--no-summary"] * args.no_summary
     return words
@@ -68,6 +71,7 @@ def options_from(args: argparse.Namespace) -> Any:
         output_dir=args.output_dir,
         smoke=args.smoke,
         summary=not args.no_summary,
+        time_limit=args.time_limit,
         command=command_line(args),
         **extra,
     )

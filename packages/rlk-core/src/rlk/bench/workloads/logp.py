@@ -163,10 +163,10 @@ LOGP_NATIVE = _logp_workload(
     with_peers=("eager",), doc="rlk.logp forward on the native (PyTorch) backend beside eager")
 LOGP = _logp_workload(
     "logp", (FORWARD,),
-    (case(8192, V152K), case(32768, V152K), case(8192, V32K), case(8192, V256K)),
+    (case(8192, V152K), case(32768, V152K), case(8192, V256K)),
     with_peers=("eager", "compile", "liger"), doc="rlk.logp forward")
 LOGP_BWD = _logp_workload(
-    "logp-bwd", (FORWARD_BACKWARD,), (case(8192, V152K), case(8192, V32K), case(4096, V256K)),
+    "logp-bwd", (FORWARD_BACKWARD,), (case(8192, V152K), case(8192, V32K)),
     with_peers=("eager", "compile", "liger"),
     doc="rlk.logp forward and backward with a per-token upstream gradient")
 LOGP_ENTROPY = Workload(

@@ -169,3 +169,10 @@ def test_registry_rejects_malformed_registrations(fresh_rlk):
         registry.add_kernel("logp", "mine", "no_colon")
     with pytest.raises(ValueError, match="identifier"):
         registry.add_backend("has space")
+
+
+def test_strict_exclusions_are_not_logged_as_fallbacks(fresh_rlk, caplog):
+    _use(fresh_rlk, "fast")
+    with caplog.at_level(logging.WARNING, logger="rlk"), rlk.use_backends("native", strict=True):
+        rlk.logp(*_inputs())
+    assert not [r for r in caplog.records if "falls back" in r.getMessage()]

@@ -75,7 +75,7 @@ class Dispatcher:
         if selection.kernel is None:
             detail = " (strict mode)" if policy.strict else ""
             raise BackendUnavailableError(op, str(device), selection.rejected, detail)
-        self._log_fallback(selection)
+        self._log_fallback(selection, policy)
         with self._lock:
             self._cache[key] = selection.kernel
         return selection.kernel
@@ -148,10 +148,11 @@ class Dispatcher:
                   key=lambda k: self.registry.backends[k.backend].priority)
         return kernel is top
 
-    def _log_fallback(self, selection: Selection) -> None:
+    def _log_fallback(self, selection: Selection, policy: Policy) -> None:
         """Log once per (op, backend, reason) when a better-ranked backend was passed over.
 
-        A backend whose kernel does not serve the device type at all is no fallback.
+        A backend whose kernel does not serve the device type at all is no fallback, nor
+        is one that strict mode excluded: the user asked for exactly that.
         """
         assert selection.kernel is not None
         device_type = torch.device(selection.device).type
@@ -159,6 +160,8 @@ class Dispatcher:
         for kernel in self.registry.kernels[selection.op]:
             reason = selection.rejected.get(kernel.backend)
             if reason is None or device_type not in kernel.devices:
+                continue
+            if policy.strict and not self._strict_allows(kernel, policy):
                 continue
             if self.registry.backends[kernel.backend].priority <= chosen_priority:
                 continue

@@ -159,8 +159,9 @@ def _logp_workload(name: str, modes: tuple[str, ...], cases: tuple[Case, ...],
 
 
 LOGP_NATIVE = _logp_workload(
-    "logp-native", (FORWARD,), (case(8192, V152K),), backends=("native",),
-    with_peers=("eager",), doc="rlk.logp forward on the native (PyTorch) backend beside eager")
+    "logp-native", (FORWARD, FORWARD_BACKWARD), (case(4096, V152K),), backends=("native",),
+    with_peers=("eager",),
+    doc="rlk.logp on the native (PyTorch) backend beside eager log_softmax(logits.float())")
 LOGP = _logp_workload(
     "logp", (FORWARD,),
     (case(8192, V152K), case(32768, V152K), case(8192, V256K)),

@@ -64,6 +64,18 @@ def docs(session: nox.Session) -> None:
                 os.path.join(session.create_tmp(), "site"))
 
 
+@nox.session
+def bench(session: nox.Session) -> None:
+    """The benchmark suite at smoke sizes on CPU, through both seed entry points."""
+    _install_core(session, "[dev]")
+    out = session.create_tmp()
+    session.run("rlk-core", "bench", "--smoke", "--no-summary", "--output-dir", f"{out}/bench")
+    session.run("python", "benchmarks/profiler.py", "--smoke", "--workloads", "logp-native",
+                "--no-summary")
+    session.run("python", "scripts/run_profile_suite.py", "--smoke", "--workloads",
+                "logp-native", "--no-summary", "--output-dir", f"{out}/suite")
+
+
 @nox.session(name="build-cuda")
 def build_cuda(session: nox.Session) -> None:
     """Compile rlk-cuda with nvcc (no GPU needed) and run its CPU tests."""

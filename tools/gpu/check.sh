@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # rlk-cuda on the GPU machine: build the extension, run the GPU tests (and the core
 # conformance kit on the cuda backend), optionally compute-sanitizer, then the timing table.
-# Usage (repository root): tools/gpu/check.sh [--sanitize]   results go to $OUT (or ./bench-results)
+# Usage (repository root): tools/gpu/check.sh [--sanitize | --quick]   results go to $OUT (or ./bench-results)
 set -uo pipefail
 OUT="${OUT:-$PWD/bench-results}"
 mkdir -p "$OUT"
@@ -19,14 +19,15 @@ grep -E "rlk-cuda: building|Linking" "$OUT/build.log"
 
 step gpu tests
 (cd packages/rlk-cuda && "$PY" -m pytest -q --maxfail=40 -p no:cacheprovider tests 2>&1 | tee "$OUT/tests.log" | tail -25)
-if "$PY" -c "import rlk.testing" 2>/dev/null; then
+QUICK=""; [[ "${1:-}" == "--quick" ]] && QUICK="--quick"
+if [[ -z "$QUICK" ]] && "$PY" -c "import rlk.testing" 2>/dev/null; then
   step conformance kit
   # from an empty folder, so that no repository conftest joins in
   (cd "$(mktemp -d)" && RLK_STRICT_PLUGINS=1 "$PY" -m pytest -q -p no:cacheprovider \
      --pyargs rlk.testing --rlk-backend cuda 2>&1 | tee "$OUT/conformance.log" | tail -15)
 fi
 step benchmark
-"$PY" tools/gpu/bench.py "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -30
+"$PY" tools/gpu/bench.py "$OUT" $QUICK 2>&1 | tee "$OUT/bench.log" | tail -30
 if [[ "${1:-}" == "--sanitize" ]]; then
   cd packages/rlk-cuda
   step compute-sanitizer memcheck

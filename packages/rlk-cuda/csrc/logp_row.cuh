@@ -81,11 +81,10 @@ __device__ __forceinline__ RowAcc acc_block_reduce(RowAcc a, float sc) {
 // W consecutive elements starting at logical vector j: one 16-byte load when the row is
 // aligned, W scalar loads otherwise. Either way the values and their order are the same, so
 // results never depend on where a row happens to start in memory (batch invariance).
-template <typename T>
-__device__ __forceinline__ void load_vec(const T* p, int64_t j, bool aligned,
-                                         float (&x)[VecWidth<T>::value]) {
+template <typename T, bool ALIGNED>
+__device__ __forceinline__ void load_vec(const T* p, int64_t j, float (&x)[VecWidth<T>::value]) {
   constexpr int W = VecWidth<T>::value;
-  if (aligned) {
+  if (ALIGNED) {
     unpack<T>(load_stream(reinterpret_cast<const uint4*>(p) + j), x);
   } else {
 #pragma unroll
@@ -98,6 +97,45 @@ __device__ __forceinline__ bool is_aligned16(const T* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }
 
+// The vector loop of row_stats_range for one alignment (chosen once per row, outside the loop,
+// so the aligned loop keeps UNROLL independent 16-byte loads in flight).
+template <typename T, int THREADS, int UNROLL, bool ENT, bool ALIGNED>
+__device__ __forceinline__ void row_stats_loop(RowAcc& a, const T* p, float sc, int64_t v_begin,
+                                               int64_t v_end) {
+  constexpr int W = VecWidth<T>::value;
+  int64_t j = v_begin + threadIdx.x;
+  for (; j + (UNROLL - 1) * THREADS < v_end; j += UNROLL * THREADS) {
+    float x[UNROLL * W];
+    if (ALIGNED) {  // every load issued before the first use
+      uint4 r[UNROLL];
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u)
+        r[u] = load_stream(reinterpret_cast<const uint4*>(p) + j + u * THREADS);
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        float y[W];
+        unpack<T>(r[u], y);
+#pragma unroll
+        for (int k = 0; k < W; ++k) x[u * W + k] = y[k];
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        float y[W];
+        load_vec<T, false>(p, j + u * THREADS, y);
+#pragma unroll
+        for (int k = 0; k < W; ++k) x[u * W + k] = y[k];
+      }
+    }
+    acc_chunk<ENT>(a, x, sc);
+  }
+  for (; j < v_end; j += THREADS) {
+    float x[W];
+    load_vec<T, ALIGNED>(p, j, x);
+    acc_chunk<ENT>(a, x, sc);
+  }
+}
+
 // Statistics of the logical vectors [v_begin, v_end) of a row of V elements starting at p
 // (unit stride), UNROLL vectors in flight per thread; the scalar tail (V % W elements) is
 // included when asked. The result is valid in thread 0.
@@ -106,28 +144,11 @@ __device__ __forceinline__ RowAcc row_stats_range(const T* p, int64_t V, float s
                                                   int64_t v_begin, int64_t v_end, bool tail) {
   constexpr int W = VecWidth<T>::value;
   RowAcc a{-INFINITY, 0.f, 0.f};
-  const int tid = threadIdx.x;
-  const bool aligned = is_aligned16(p);
   const int64_t nv = V / W;
   if (v_end > nv) v_end = nv;
-  int64_t j = v_begin + tid;
-  for (; j + (UNROLL - 1) * THREADS < v_end; j += UNROLL * THREADS) {
-    float x[UNROLL * W];
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      float y[W];
-      load_vec<T>(p, j + u * THREADS, aligned, y);
-#pragma unroll
-      for (int k = 0; k < W; ++k) x[u * W + k] = y[k];
-    }
-    acc_chunk<ENT>(a, x, sc);
-  }
-  for (; j < v_end; j += THREADS) {
-    float x[W];
-    load_vec<T>(p, j, aligned, x);
-    acc_chunk<ENT>(a, x, sc);
-  }
-  const int64_t t = nv * W + tid;
+  if (is_aligned16(p)) row_stats_loop<T, THREADS, UNROLL, ENT, true>(a, p, sc, v_begin, v_end);
+  else row_stats_loop<T, THREADS, UNROLL, ENT, false>(a, p, sc, v_begin, v_end);
+  const int64_t t = nv * W + threadIdx.x;
   if (tail && t < V) {
     const float x[1] = {to_float(p[t])};
     acc_chunk<ENT>(a, x, sc);

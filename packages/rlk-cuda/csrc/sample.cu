@@ -21,17 +21,14 @@ constexpr int kPivots = 8;  // the last one is the current upper bound
 
 // Visits every element of a row as f(index, value), thread by thread in an order that does not
 // depend on the row's alignment (see load_vec), two vectors in flight per thread.
-template <typename T, typename F>
-__device__ __forceinline__ void for_each_elem(const T* p, int64_t V, F&& f) {
+template <typename T, bool ALIGNED, typename F>
+__device__ __forceinline__ void for_each_vec(const T* p, int64_t nv, F& f) {
   constexpr int W = VecWidth<T>::value;
-  const int tid = threadIdx.x;
-  const bool aligned = is_aligned16(p);
-  const int64_t nv = V / W;
-  int64_t j = tid;
+  int64_t j = threadIdx.x;
   for (; j + kThreads < nv; j += 2 * kThreads) {
     float x0[W], x1[W];
-    load_vec<T>(p, j, aligned, x0);
-    load_vec<T>(p, j + kThreads, aligned, x1);
+    load_vec<T, ALIGNED>(p, j, x0);
+    load_vec<T, ALIGNED>(p, j + kThreads, x1);
 #pragma unroll
     for (int k = 0; k < W; ++k) f(j * W + k, x0[k]);
 #pragma unroll
@@ -39,11 +36,19 @@ __device__ __forceinline__ void for_each_elem(const T* p, int64_t V, F&& f) {
   }
   for (; j < nv; j += kThreads) {
     float x[W];
-    load_vec<T>(p, j, aligned, x);
+    load_vec<T, ALIGNED>(p, j, x);
 #pragma unroll
     for (int k = 0; k < W; ++k) f(j * W + k, x[k]);
   }
-  const int64_t t = nv * W + tid;
+}
+
+template <typename T, typename F>
+__device__ __forceinline__ void for_each_elem(const T* p, int64_t V, F&& f) {
+  constexpr int W = VecWidth<T>::value;
+  const int64_t nv = V / W;
+  if (is_aligned16(p)) for_each_vec<T, true>(p, nv, f);
+  else for_each_vec<T, false>(p, nv, f);
+  const int64_t t = nv * W + threadIdx.x;
   if (t < V) f(t, to_float(p[t]));
 }
 

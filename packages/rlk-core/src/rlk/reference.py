@@ -248,7 +248,7 @@ def sample_log_probs(
             out[row, int(values.argmax())] = 0.0
             continue
         values = values / temperature
-        keep = torch.ones(vocab, dtype=torch.bool)
+        keep = torch.ones(vocab, dtype=torch.bool, device=values.device)
         if 0 < top_k < vocab:
             keep &= values >= values.sort(descending=True).values[top_k - 1]
         if top_p < 1.0:

@@ -172,7 +172,7 @@ def _options(args: Mapping[str, Any]) -> dict[str, Any]:
 
 def _reference(args: Mapping[str, Any]) -> tuple[Tensor, ...]:
     """Per row: 1 (token in the support), 0 (logp error), 0 (processed_logp error); NaN rows."""
-    log_q = reference.sample_log_probs(args["logits"], **_options(args))
+    log_q = reference.sample_log_probs(args["logits"].detach().cpu(), **_options(args))
     bad = torch.isnan(log_q[:, 0]) if log_q.shape[1] else torch.zeros(0, dtype=torch.bool)
     zeros = torch.zeros(log_q.shape[0], dtype=torch.float64).masked_fill(bad, torch.nan)
     return torch.ones(log_q.shape[0], dtype=torch.float64), zeros, zeros.clone()

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One GPU session for everything that needs the device, sized to one 10-minute call:
+# build rlk-cuda; in parallel, its GPU tests, the conformance kit on the cuda and flashinfer
+# backends and FlashInfer's GPU tests (their JIT compile included); then the benchmark suite
+# with every peer in the time left. Needs the peer wheels in .whl/ (carry it).
+#   RLK_BENCH_COMMIT=$(git rev-parse HEAD) tools/gpu/full_run.sh
+# Writes report.{json,csv,md}, time/memory/roofline.png and checks.log under $OUT.
+set -uo pipefail
+start=$(date +%s)
+budget="${RLK_GPU_BUDGET:-540}"
+OUT="${OUT:-$PWD/bench-results}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 RLK_STRICT_PLUGINS=1
+export RLK_CUDA_ARCHITECTURES="${RLK_CUDA_ARCHITECTURES:-90a}"
+PY="${PYTHON:-python3}"
+site=/tmp/rlk-site
+say() { echo "=== $* (+$(( $(date +%s) - start ))s)"; }
+
+say "install peers and rlk"
+"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target "$site" .whl/*.whl || exit 1
+export PYTHONPATH="$site"
+"$PY" -m pip install -q --no-build-isolation --no-deps packages/rlk-core packages/rlk-flashinfer
+"$PY" -m pip install --no-build-isolation --no-deps packages/rlk-cuda >/tmp/build.log 2>&1 \
+  || { tail -40 /tmp/build.log; exit 1; }
+
+say "checks in parallel"
+kit() { (cd "$(mktemp -d)" && "$PY" -m pytest -q -p no:cacheprovider --pyargs rlk.testing \
+  --rlk-backend "$1" 2>&1 | tail -12); }
+(cd packages/rlk-cuda && timeout 300 "$PY" -m pytest -q -p no:cacheprovider tests 2>&1 \
+  | tail -12) >/tmp/cuda-tests.log &
+(timeout 300 bash -c "$(declare -f kit); PY=$PY; kit cuda") >/tmp/kit-cuda.log &
+(timeout 330 "$PY" -m pytest -q -p no:cacheprovider -m gpu packages/rlk-flashinfer/tests 2>&1 \
+  | tail -12; timeout 120 bash -c "$(declare -f kit); PY=$PY; kit flashinfer") \
+  >/tmp/flashinfer.log 2>&1 &
+wait
+for log in cuda-tests kit-cuda flashinfer; do echo "--- $log"; cat "/tmp/$log.log"; done \
+  | tee "$OUT/checks.log"
+
+left=$(( budget - ($(date +%s) - start) - 30 ))
+say "benchmark suite, ${left}s"
+"$PY" benchmarks/profiler.py --peers eager,compile,liger,cce,flashinfer --time-limit "$left" \
+  --output-dir "$OUT" "$@" 2>&1 | tail -60
+say "done"

@@ -23,7 +23,7 @@ import copy
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -272,8 +272,8 @@ class Trainer:
             ref = answer_logp(self.reference, rollout, args.temperature,
                               args.require_fused_logp)
         mask = answer_mask(rollout.answers)
-        metrics: dict[str, Tensor] = {}
-        loss = torch.zeros(())
+        totals: dict[str, float] = {}
+        updates = 0
         for rows in self._minibatches(len(reward)):
             part = Rollout(rollout.sequences[rows], rollout.answers[rows], rollout.logp[rows])
             logp = answer_logp(self.policy, part, args.temperature, args.require_fused_logp)
@@ -287,11 +287,16 @@ class Trainer:
             loss.backward()
             nn.utils.clip_grad_norm_(self.policy.parameters(), args.max_grad_norm)
             self.optimizer.step()
+            metrics["loss"] = loss.detach()
+            for name, value in metrics.items():
+                totals[name] = totals.get(name, 0.0) + float(value)
+            updates += 1
+        mean = {name: total / updates for name, total in totals.items()}
         return StepMetrics(
             step=number, reward=float(reward.mean()), exact=float(exact.float().mean()),
-            kl=float(metrics["mean_kl"]), clip_fraction=float(metrics["clip_fraction"]),
-            ratio=float(metrics["mean_ratio"]), truncated=float(metrics["truncated_fraction"]),
-            loss=float(loss.detach()), seconds=time.perf_counter() - start,
+            kl=mean["mean_kl"], clip_fraction=mean["clip_fraction"], ratio=mean["mean_ratio"],
+            truncated=mean["truncated_fraction"], loss=mean["loss"],
+            seconds=time.perf_counter() - start,
         )
 
     def _minibatches(self, count: int) -> Iterator[Tensor]:
@@ -326,17 +331,21 @@ class FusedLogpUnavailable(RuntimeError):
 def backend_report(trainer: Trainer) -> dict[str, str]:
     """rlk.explain for every op the step calls, on a batch of the real shapes."""
     args = trainer.args
-    batch = trainer.task.batch(2, torch.Generator().manual_seed(0))
-    probe = generate(trainer.policy, batch.prompts.to(trainer.device), trainer.task.answer_len,
-                     1.0, torch.Generator().manual_seed(0))
-    width = trainer.policy.lm_head.weight
-    hidden = torch.zeros(*probe.answers.shape, width.shape[1], device=trainer.device)
-    logp = torch.zeros(probe.answers.shape, device=trainer.device)
+    device = trainer.device
+    weight = trainer.policy.lm_head.weight.detach()
+    tokens = trainer.task.batch(2, torch.Generator().manual_seed(0)).targets.to(device)
+    hidden = weight.new_zeros(*tokens.shape, weight.shape[1])
+    logp = weight.new_zeros(tokens.shape)
     calls: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
-        "sample": ((width.new_zeros(2, VOCAB),), {"temperature": 1.0}),
-        "group_advantages": ((torch.zeros(4, device=trainer.device),), {"group_size": 2}),
-        "linear_logp": ((hidden, width.detach(), probe.answers), {}),
-        "policy_loss": ((logp, logp, logp[:, 0], logp), {"ref_logp": logp, "kl_coef": 0.1}),
+        "sample": ((weight.new_zeros(2, VOCAB),), {"temperature": args.temperature}),
+        "group_advantages": ((weight.new_zeros(4),),
+                             {"group_size": 2, "normalize": args.normalize,
+                              "baseline": args.baseline}),
+        "linear_logp": ((hidden, weight, tokens), {"temperature": args.temperature}),
+        "policy_loss": ((logp, logp, logp[:, 0], logp),
+                        {"ref_logp": logp, "agg": args.agg, "kl_estimator": args.kl_estimator,
+                         "rollout_logp": None if args.tis_cap is None else logp,
+                         "tis_cap": args.tis_cap}),
     }
     served = {op: rlk.explain(op, *a, **kw).backend or "none" for op, (a, kw) in calls.items()}
     if args.require_fused_logp:
@@ -350,10 +359,11 @@ def backend_report(trainer: Trainer) -> dict[str, str]:
     return served
 
 
-def _fused_failure(fallback: str, reasons: dict[str, str] | Any, device: torch.device) -> str:
+def _fused_failure(fallback: str, reasons: Mapping[str, str], device: torch.device) -> str:
+    what = "rlk's PyTorch fallback" if fallback == "native" else "not a fused GPU backend"
     lines = [f"--require-fused-logp: rlk.linear_logp on {device} would run on the "
-             f"'{fallback}' backend (the PyTorch fallback), not on a fused GPU backend "
-             f"({', '.join(FUSED_BACKENDS)}). The dispatcher's reasons:"]
+             f"'{fallback}' backend ({what}), not on {' or '.join(FUSED_BACKENDS)}. "
+             "The dispatcher's reasons:"]
     lines += [f"  {name}: {why}" for name, why in reasons.items()]
     lines.append("Build/install rlk-cuda (or rlk-rocm) on a GPU machine and pass --device cuda, "
                  "or drop --require-fused-logp to accept the fallback.")
@@ -369,33 +379,37 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: CUDA when torch sees a GPU, else CPU")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds the model, the problems, the sampler and the shuffles")
+    p.add_argument("--steps", type=int, default=400, help="GRPO steps")
     p.add_argument("--prompts", type=int, default=16, help="prompts per step")
     p.add_argument("--group-size", type=int, default=16, help="rollouts per prompt")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
     p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--max-grad-norm", type=float, default=1.0)
+    p.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping")
     p.add_argument("--epochs", type=int, default=1, help="passes over each step's rollouts")
     p.add_argument("--minibatches", type=int, default=4, help="updates per epoch")
-    p.add_argument("--clip-low", type=float, default=0.2)
-    p.add_argument("--clip-high", type=float, default=0.28)
+    p.add_argument("--clip-low", type=float, default=0.2, help="ratio floor: 1 - clip_low")
+    p.add_argument("--clip-high", type=float, default=0.28,
+                   help="ratio ceiling: 1 + clip_high (DAPO's clip-higher)")
     p.add_argument("--kl-coef", type=float, default=0.05, help="KL penalty to the reference")
-    p.add_argument("--kl-estimator", choices=("k1", "k2", "k3"), default="k3")
-    p.add_argument("--agg", default="token-mean",
+    p.add_argument("--kl-estimator", choices=("k1", "k2", "k3"), default="k3",
+                   help="estimator of the per-token KL to the reference")
+    p.add_argument("--agg", default="token-mean", help="how token losses are averaged",
                    choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                             "seq-mean-token-sum-norm"))
     p.add_argument("--normalize", choices=("std", "none"), default="std",
                    help="divide advantages by the group std (none: Dr. GRPO)")
-    p.add_argument("--baseline", choices=("mean", "loo"), default="mean")
+    p.add_argument("--baseline", choices=("mean", "loo"), default="mean",
+                   help="group mean, or leave-one-out mean (RLOO)")
     p.add_argument("--tis-cap", type=float, default=None,
                    help="truncated importance sampling against the sampler's log-probs, "
                         "weights capped at this value (off when not given)")
     p.add_argument("--digits", type=int, default=1, help="digits per operand")
-    p.add_argument("--width", type=int, default=64)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--width", type=int, default=64, help="model hidden size")
+    p.add_argument("--layers", type=int, default=2, help="transformer blocks")
+    p.add_argument("--heads", type=int, default=4, help="attention heads")
     p.add_argument("--log-every", type=int, default=1, help="print every N steps")
     p.add_argument("--metrics", type=Path, default=None,
                    help="write per-step metrics and the summary as JSON here")

@@ -57,19 +57,18 @@ def test_short_run_learns(fresh_rlk, tmp_path):
     assert "step   30  reward" in result.stdout and "summary: 30 steps" in result.stdout
 
 
-def test_same_seed_same_run(fresh_rlk, tmp_path):
-    runs = []
-    for name in ("one", "two"):
+def test_same_seed_same_run(fresh_rlk, example, tmp_path, capsys):
+    def steps(seed: int, name: str) -> list[dict[str, float]]:
         path = tmp_path / f"{name}.json"
-        result = run_example("--device", "cpu", "--seed", "3", "--steps", "3", "--metrics", path)
-        assert result.returncode == 0, result.stderr
-        runs.append([{k: v for k, v in s.items() if k != "seconds"}
-                     for s in json.loads(path.read_text())["steps"]])
-    assert runs[0] == runs[1]
-    other = tmp_path / "other.json"
-    assert run_example("--device", "cpu", "--seed", "4", "--steps", "3",
-                       "--metrics", other).returncode == 0
-    assert json.loads(other.read_text())["steps"][0]["reward"] != runs[0][0]["reward"]
+        assert example.main(["--device", "cpu", "--seed", str(seed), "--steps", "3",
+                             "--metrics", str(path)]) == 0
+        return [{k: v for k, v in s.items() if k != "seconds"}
+                for s in json.loads(path.read_text())["steps"]]
+
+    first = steps(3, "one")
+    assert steps(3, "two") == first
+    assert steps(4, "other")[0]["reward"] != first[0]["reward"]
+    assert capsys.readouterr().out.count("summary: 3 steps") == 3
 
 
 def test_require_fused_logp_fails_on_cpu_with_reasons(fresh_rlk, example):
@@ -77,7 +76,8 @@ def test_require_fused_logp_fails_on_cpu_with_reasons(fresh_rlk, example):
     assert result.returncode == 1
     assert "step " not in result.stdout  # refused before training
     message = result.stderr
-    assert "--require-fused-logp" in message and "'native' backend" in message
+    assert "--require-fused-logp" in message
+    assert "would run on the 'native' backend (rlk's PyTorch fallback)" in message
     # every reason the dispatcher gives for this call appears, backend by backend
     hidden = torch.randn(3, 4, 8)
     weight = torch.randn(example.VOCAB, 8)
@@ -90,17 +90,18 @@ def test_require_fused_logp_fails_on_cpu_with_reasons(fresh_rlk, example):
         assert f"  {name}: {reason}" in message
 
 
-def test_usage_errors(fresh_rlk):
-    result = run_example("--group-size", "1")
-    assert result.returncode == 2
-    assert "--group-size must be >= 2" in result.stderr and "got 1" in result.stderr
+def test_usage_errors(fresh_rlk, example, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        example.main(["--group-size", "1"])
+    assert exit_info.value.code == 2
+    message = capsys.readouterr().err
+    assert "--group-size must be >= 2" in message and "got 1" in message
 
 
-def test_plot(fresh_rlk, tmp_path):
+def test_plot(fresh_rlk, example, tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "curve.png"
-    result = run_example("--device", "cpu", "--steps", "2", "--plot", path)
-    assert result.returncode == 0, result.stderr
+    assert example.main(["--device", "cpu", "--steps", "2", "--plot", str(path)]) == 0
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

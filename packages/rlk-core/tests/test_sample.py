@@ -190,3 +190,20 @@ def test_outputs_carry_no_autograd_history():
     logits = _logits(3, 10).requires_grad_(True)
     result = rlk.sample(logits, seed=1)
     assert not result.logp.requires_grad and not result.processed_logp.requires_grad
+
+
+def test_uniforms_stay_strictly_inside_the_unit_interval():
+    from rlk.native.sample import unit_interval
+
+    extremes = unit_interval(torch.tensor([0, 1, 511, 512, 2**32 - 512, 2**32 - 1]))
+    assert bool((extremes > 0).all()) and bool((extremes < 1).all())
+
+
+def test_large_vocabulary_never_samples_outside_the_support():
+    """Regression: with V ~ 150k, a uniform rounding to 1.0 let filtered tokens win ~1% of rows."""
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(64, 151936, generator=gen) * 2
+    tokens, _, processed = rlk.sample(logits, top_k=50, top_p=0.9, seed=torch.arange(64) + 110)
+    log_q = reference.sample_log_probs(logits, temperature=1.0, top_k=50, top_p=0.9, min_p=0.0)
+    assert bool((log_q.gather(1, tokens.unsqueeze(1)) > -torch.inf).all())
+    assert bool(torch.isfinite(processed).all())

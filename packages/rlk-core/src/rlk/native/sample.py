@@ -42,8 +42,17 @@ def uniforms(seeds: Tensor, vocab: int) -> Tensor:
     key = hash32(low ^ hash32(high ^ 0x5BD1E995)).unsqueeze(1)
     salt = hash32(key ^ 0x27D4EB2F)
     counters = torch.arange(vocab, dtype=torch.int64, device=seeds.device)
-    bits = hash32((hash32(counters ^ key) + salt) & _MASK32)
-    return ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    return unit_interval(hash32((hash32(counters ^ key) + salt) & _MASK32))
+
+
+def unit_interval(bits: Tensor) -> Tensor:
+    """32 random bits -> float32 strictly inside (0, 1).
+
+    23 bits plus one half is exact in float32; 24 bits plus one half rounds the top
+    value to exactly 1.0, whose Gumbel noise is infinite and lets a filtered-out
+    token (-inf - -inf = NaN, which argmax takes) win the race.
+    """
+    return ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
 
 
 def _keep(x: Tensor, top_k: int, top_p: float, min_p: float) -> Tensor | None:

@@ -254,3 +254,12 @@ def test_unsupported_flashinfer_version_is_refused(fake: FakeFlashInfer, monkeyp
     with pytest.raises(RuntimeError, match=r"0\.5\.3 is outside the supported range 0\.6\.x"):
         sample(torch.randn(2, 5), 1.0, 0, 1.0, 0.0, torch.zeros(2, dtype=torch.int64))
     assert fake.calls == []
+
+
+def test_a_strict_flashinfer_scope_does_not_bind_the_nested_logp(fake: FakeFlashInfer):
+    """Regression (H200 bench): `use_backends("flashinfer", strict=True)` made the nested
+    rlk.logp fail, since flashinfer registers no logp kernel."""
+    logits = _logits(8, 50, seed=4)
+    with rlk.use_backends("flashinfer", strict=True):
+        tokens, logp, _ = sample(logits, 0.7, 0, 1.0, 0.0, _seeds(8))
+    assert torch.equal(logp, rlk.logp(logits, tokens, temperature=0.7))

@@ -180,5 +180,8 @@ def _logp(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> tor
 
     drawn = tokens >= 0
     at = temperature if temperature > 0.0 else 1.0
-    logp = rlk.logp(logits, torch.where(drawn, tokens, 0), temperature=at)
+    # A scope that made `flashinfer` strict for `sample` must not bind this nested logp,
+    # which flashinfer cannot serve: it runs wherever the caller's rlk.logp would.
+    with rlk.use_backends(strict=False):
+        logp = rlk.logp(logits, torch.where(drawn, tokens, 0), temperature=at)
     return torch.where(drawn, logp, torch.full_like(logp, math.nan))

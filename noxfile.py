@@ -12,7 +12,7 @@ import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "tests", "docs", "build-cuda"]
+nox.options.sessions = ["lint", "tests", "docs", "build-cuda", "build-rocm", "bench"]
 
 TORCH = os.environ.get("RLK_TORCH", "torch==2.13.0")
 CORE = "packages/rlk-core"
@@ -53,7 +53,8 @@ def lint(session: nox.Session) -> None:
     _install_core(session, "[dev]")
     session.install(*[arg for p in PURE_PLUGINS for arg in ("-e", p)])
     session.run("ruff", "check", ".")
-    session.run("mypy", "packages/rlk-core/src", *[f"{p}/src" for p in PURE_PLUGINS])
+    session.run("mypy", "packages/rlk-core/src", *[f"{p}/src" for p in PURE_PLUGINS],
+                "packages/rlk-cuda/src", "packages/rlk-rocm/src")
 
 
 @nox.session
@@ -80,5 +81,15 @@ def bench(session: nox.Session) -> None:
 def build_cuda(session: nox.Session) -> None:
     """Compile rlk-cuda with nvcc (no GPU needed) and run its CPU tests."""
     _install_core(session, "[dev]")
-    session.install("-v", "packages/rlk-cuda", env={"RLK_REQUIRE_EXT": "1"})
+    session.install("scikit-build-core>=0.10", "nanobind>=2.4")
+    session.install("--no-build-isolation", "--no-deps", "packages/rlk-cuda",
+                    env={"RLK_CUDA_ARCHITECTURES": "80;90a"})
     session.run("python", "-m", "pytest", "packages/rlk-cuda/tests", "-q", env=STRICT_ENV)
+
+
+@nox.session(name="build-rocm")
+def build_rocm(session: nox.Session) -> None:
+    """Compile the shared kernel sources as HIP with Debian's toolchain (no AMD GPU needed)."""
+    _install_core(session, "[dev]")
+    session.run("bash", "packages/rlk-rocm/ci-build.sh", os.path.join(session.bin, "python"),
+                external=True, env=STRICT_ENV)

@@ -10,6 +10,11 @@
 
 #include "rlk_api.h"
 
+// rlk-rocm compiles this file too, under its own name.
+#ifndef RLK_EXT_NAME
+#define RLK_EXT_NAME "rlk_cuda"
+#endif
+
 namespace nb = nanobind;
 
 namespace {
@@ -19,22 +24,22 @@ template <typename T> T* ptr(uintptr_t p) { return reinterpret_cast<T*>(p); }
 void prepare(int device) {
   const char* e = rlk::select_device(device);
   if (e != nullptr)
-    throw std::runtime_error(std::string("rlk_cuda: cannot select device ") +
+    throw std::runtime_error(std::string(RLK_EXT_NAME ": cannot select device ") +
                              std::to_string(device) + ": " + e);
 }
 
 void check(const char* err) {
-  if (err != nullptr) throw std::runtime_error(std::string("rlk_cuda: kernel launch failed: ") + err);
+  if (err != nullptr) throw std::runtime_error(std::string(RLK_EXT_NAME ": kernel launch failed: ") + err);
 }
 
 void require(uintptr_t p, const char* what) {
-  if (p == 0) throw std::invalid_argument(std::string("rlk_cuda: null pointer for ") + what);
+  if (p == 0) throw std::invalid_argument(std::string(RLK_EXT_NAME ": null pointer for ") + what);
 }
 
 }  // namespace
 
 NB_MODULE(_C, m) {
-  m.doc() = "rlk CUDA kernels (raw-pointer interface; use the rlk_cuda Python wrappers)";
+  m.doc() = RLK_EXT_NAME " kernels (raw-pointer interface; use the Python wrappers)";
   m.attr("ARCHITECTURES") = RLK_CUDA_ARCHS;
 
   m.def("logp_forward",

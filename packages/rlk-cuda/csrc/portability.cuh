@@ -101,9 +101,15 @@ __device__ __forceinline__ float max_nan(float a, float b) {
 }
 
 // 16-byte streaming load: logits are read once, so keep them out of the way of the cache.
+#if RLK_HIP
+// The nontemporal builtins take native vector types only; HIP's uint4 is a struct around one.
+typedef unsigned int rlk_u32x4 __attribute__((ext_vector_type(4)));
+#endif
+
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
 #if RLK_HIP
-  return __builtin_nontemporal_load(p);
+  const rlk_u32x4 v = __builtin_nontemporal_load(reinterpret_cast<const rlk_u32x4*>(p));
+  return make_uint4(v.x, v.y, v.z, v.w);
 #else
   return __ldcs(p);
 #endif
@@ -111,7 +117,8 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
 
 __device__ __forceinline__ void store_stream(uint4* p, uint4 v) {
 #if RLK_HIP
-  __builtin_nontemporal_store(v, p);
+  const rlk_u32x4 w = {v.x, v.y, v.z, v.w};
+  __builtin_nontemporal_store(w, reinterpret_cast<rlk_u32x4*>(p));
 #else
   __stcs(p, v);
 #endif

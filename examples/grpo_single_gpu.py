@@ -1,8 +1,8 @@
 """GRPO on a tiny causal language model, every RL step served by rlk's operators.
 
 A newcomer's first run: a small transformer (defined below, randomly initialised,
-nothing downloaded) learns single-digit addition ("7+5=" -> "12" then end of
-answer) from a verifiable reward computed on the tokens it generates. Each step
+nothing downloaded) learns single-digit addition ("7+5=" -> "12." where "." ends
+the answer) from a verifiable reward computed on the tokens it generates. Each step
 draws prompts x group-size rollouts with `rlk.sample`, turns the rewards into
 `rlk.group_advantages`, scores the answers with `rlk.linear_logp` (policy, old
 policy and a frozen reference, straight from hidden states and the LM-head
@@ -102,6 +102,7 @@ class AdditionTask:
 
     @staticmethod
     def render(prompt: Tensor, answer: Tensor) -> str:
+        """A problem and an answer as text, e.g. "7+5=12."."""
         length = int(answer_lengths(answer.unsqueeze(0))[0])
         return "".join(SYMBOLS[t] for t in prompt.tolist() + answer[:length].tolist())
 
@@ -119,8 +120,7 @@ def _column(token: int, like: Tensor) -> Tensor:
 def answer_lengths(answers: Tensor) -> Tensor:
     """Tokens up to and including the first END (all of them when there is none)."""
     is_end = answers == END
-    first = torch.where(is_end.any(dim=1), is_end.int().argmax(dim=1) + 1, answers.shape[1])
-    return first
+    return torch.where(is_end.any(dim=1), is_end.int().argmax(dim=1) + 1, answers.shape[1])
 
 
 def answer_mask(answers: Tensor) -> Tensor:
@@ -134,6 +134,8 @@ def answer_mask(answers: Tensor) -> Tensor:
 
 
 class Block(nn.Module):
+    """Causal self-attention then an MLP, each behind a LayerNorm and a residual."""
+
     def __init__(self, width: int, heads: int):
         super().__init__()
         self.heads = heads
@@ -181,6 +183,8 @@ class TinyCausalLM(nn.Module):
 
 @dataclass(frozen=True)
 class Rollout:
+    """What one round of sampling produced."""
+
     sequences: Tensor  # [B, P + A] prompt then sampled answer
     answers: Tensor  # [B, A]
     logp: Tensor  # [B, A] the sampler's log-probabilities (for TIS)
@@ -226,6 +230,8 @@ FUSED_BACKENDS = ("cuda", "rocm")
 
 @dataclass
 class StepMetrics:
+    """One step's numbers; policy_loss metrics are means over the step's updates."""
+
     step: int
     reward: float
     exact: float
@@ -469,10 +475,11 @@ def save_plot(history: list[StepMetrics], path: Path) -> None:
     plt.close(figure)
 
 
-def _print_step(m: StepMetrics) -> None:
+def _print_step(m: StepMetrics, tis: bool) -> None:
+    truncated = f"  truncated {m.truncated:.3f}" if tis else ""
     print(f"step {m.step:4d}  reward {m.reward:.3f}  exact {m.exact:.3f}  kl {m.kl:.4f}  "
-          f"clip {m.clip_fraction:.3f}  ratio {m.ratio:.3f}  time {m.seconds * 1e3:6.1f} ms",
-          flush=True)
+          f"clip {m.clip_fraction:.3f}  ratio {m.ratio:.3f}{truncated}  "
+          f"time {m.seconds * 1e3:6.1f} ms", flush=True)
 
 
 def summarise(history: list[StepMetrics], before: float, after: float,
@@ -532,7 +539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def on_step(m: StepMetrics) -> None:
         if m.step % args.log_every == 0 or m.step == args.steps:
-            _print_step(m)
+            _print_step(m, args.tis_cap is not None)
 
     try:
         history, summary = train(args, device, on_step)

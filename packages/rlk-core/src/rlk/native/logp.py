@@ -29,6 +29,32 @@ def _scaled(logits: Tensor, temperature: Temperature, start: int, stop: int,
     return x
 
 
+def _unscaled(temperature: Temperature) -> bool:
+    return not isinstance(temperature, Tensor) and temperature == 1.0
+
+
+def _chunk_input(logits: Tensor, temperature: Temperature, start: int, stop: int,
+                 index: Tensor | None) -> Tensor:
+    """The chunk's logits / T: a view (or gathered copy) when T is 1, else a float32 copy."""
+    if _unscaled(temperature):
+        return _take(logits, start, stop, index)
+    return _scaled(logits, temperature, start, stop, index)
+
+
+def _log_softmax(logits: Tensor, temperature: Temperature, start: int, stop: int,
+                 index: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Float32 log-softmax of a chunk of logits / T, and its logsumexp.
+
+    torch's fused log_softmax reads the chunk in few passes; the logsumexp follows from
+    its largest entry, lse = x_top - log_p_top, without another pass over the row.
+    """
+    x = _chunk_input(logits, temperature, start, stop, index)
+    log_probs = torch.log_softmax(x, dim=1, dtype=torch.float32)
+    top = log_probs.argmax(dim=1, keepdim=True)
+    lse = (x.gather(1, top).to(torch.float32) - log_probs.gather(1, top)).squeeze(1)
+    return log_probs, lse
+
+
 def _picked(log_probs: Tensor, tokens: Tensor, vocab: int) -> tuple[Tensor, Tensor]:
     """log_probs at tokens, and which tokens were in range (others read index 0)."""
     valid = (tokens >= 0) & (tokens < vocab)
@@ -54,9 +80,7 @@ def forward(logits: Tensor, tokens: Tensor, temperature: Temperature, ignore_ind
     entropy = torch.empty(total, dtype=torch.float32, device=device) if with_entropy else None
     lse = torch.empty(total, dtype=torch.float32, device=device)
     for start, stop, index in _chunks(total, vocab, rows):
-        x = _scaled(logits, temperature, start, stop, index)
-        chunk_lse = torch.logsumexp(x, dim=1)
-        x.sub_(chunk_lse.unsqueeze(1))  # x now holds log-probabilities
+        x, chunk_lse = _log_softmax(logits, temperature, start, stop, index)
         tok = _take(tokens, start, stop, index)
         picked, valid = _picked(x, tok, vocab)
         finite = torch.isfinite(chunk_lse)
@@ -84,13 +108,18 @@ def backward(grad_logp: Tensor, grad_entropy: Tensor | None, logits: Tensor, tok
     else:
         grad = torch.zeros_like(logits)
     for start, stop, index in _chunks(total, vocab, rows):
-        x = _scaled(logits, temperature, start, stop, index)
         chunk_lse = lse[start:stop].unsqueeze(1)
-        x.sub_(chunk_lse)  # log-probabilities
-        probs = x.exp()
         g_logp = grad_logp[start:stop].unsqueeze(1)
-        chunk_grad = probs * g_logp.neg()
-        if grad_entropy is not None and entropy is not None:
+        if grad_entropy is None or entropy is None:
+            # fused softmax: the probabilities are the only chunk-sized temporary
+            probs = torch.softmax(_chunk_input(logits, temperature, start, stop, index), dim=1,
+                                  dtype=torch.float32)
+            chunk_grad = probs.mul_(g_logp.neg())
+        else:
+            x = _scaled(logits, temperature, start, stop, index)
+            x.sub_(chunk_lse)  # log-probabilities
+            probs = x.exp()
+            chunk_grad = probs * g_logp.neg()
             # d entropy / d x_j = -p_j (log p_j + entropy); zero where p_j == 0
             term = x.add_(entropy[start:stop].unsqueeze(1)).mul_(probs)
             term.masked_fill_(probs == 0, 0.0)

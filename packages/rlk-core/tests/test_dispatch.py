@@ -176,3 +176,16 @@ def test_strict_exclusions_are_not_logged_as_fallbacks(fresh_rlk, caplog):
     with caplog.at_level(logging.WARNING, logger="rlk"), rlk.use_backends("native", strict=True):
         rlk.logp(*_inputs())
     assert not [r for r in caplog.records if "falls back" in r.getMessage()]
+
+
+def test_backward_runs_under_the_forward_scope(fresh_rlk):
+    """Regression: a strict scope around the forward must also choose the backward's kernel,
+    even when .backward() runs outside it (or inside a scope the forward never saw)."""
+    _use(fresh_rlk, "picky")
+    logits, tokens = _inputs()
+    leaf = logits.clone().requires_grad_(True)
+    with rlk.use_backends("native", strict=True):
+        logp = rlk.logp(leaf, tokens)
+    with rlk.use_backends("picky", strict=True):
+        logp.sum().backward()  # picky refuses every device: only the forward's scope works
+    assert leaf.grad is not None and torch.isfinite(leaf.grad).all()

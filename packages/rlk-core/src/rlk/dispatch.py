@@ -175,6 +175,21 @@ class Dispatcher:
 _policy: contextvars.ContextVar[Policy | None] = contextvars.ContextVar("rlk_policy", default=None)
 
 
+@contextlib.contextmanager
+def scoped_policy(policy: Policy | None) -> Iterator[None]:
+    """Re-enter a policy captured earlier with `_policy.get()` (None: the environment's)."""
+    token = _policy.set(policy)
+    try:
+        yield
+    finally:
+        _policy.reset(token)
+
+
+def captured_policy() -> Policy | None:
+    """The scoped policy in force now, for re-entering later (see scoped_policy)."""
+    return _policy.get()
+
+
 def current_policy(dispatcher: Dispatcher) -> Policy:
     scoped = _policy.get()
     return dispatcher.env_policy if scoped is None else scoped

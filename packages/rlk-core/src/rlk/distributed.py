@@ -25,6 +25,7 @@ from torch import Tensor
 
 from rlk import config
 from rlk.ops import validate
+from rlk.ops.spec import register_autograd
 
 Temperature = float | Tensor
 # Local token codes the logp kernels receive for rows whose global token is special.
@@ -244,7 +245,7 @@ def _grad(ctx: Any, grad_logp: Tensor, grad_entropy: Tensor,
     return grad, None, None, None, None, None, None
 
 
-_sharded_op.register_autograd(_grad, setup_context=_setup)
+register_autograd(_sharded_op, _grad, _setup)
 
 
 def _prepare(logits: Tensor, tokens: Tensor, group: Any, temperature: Temperature,

@@ -51,7 +51,9 @@ def _log_softmax(logits: Tensor, temperature: Temperature, start: int, stop: int
     x = _chunk_input(logits, temperature, start, stop, index)
     log_probs = torch.log_softmax(x, dim=1, dtype=torch.float32)
     top = log_probs.argmax(dim=1, keepdim=True)
-    lse = (x.gather(1, top).to(torch.float32) - log_probs.gather(1, top)).squeeze(1)
+    x_top = x.gather(1, top).to(torch.float32)
+    # an all -inf row has logsumexp -inf (vocabulary shards rely on it), not NaN
+    lse = torch.where(x_top == -torch.inf, x_top, x_top - log_probs.gather(1, top)).squeeze(1)
     return log_probs, lse
 
 
@@ -111,9 +113,8 @@ def backward(grad_logp: Tensor, grad_entropy: Tensor | None, logits: Tensor, tok
         chunk_lse = lse[start:stop].unsqueeze(1)
         g_logp = grad_logp[start:stop].unsqueeze(1)
         if grad_entropy is None or entropy is None:
-            # fused softmax: the probabilities are the only chunk-sized temporary
-            probs = torch.softmax(_chunk_input(logits, temperature, start, stop, index), dim=1,
-                                  dtype=torch.float32)
+            # p from the given lse (it may be global across vocabulary shards), in place
+            probs = _scaled(logits, temperature, start, stop, index).sub_(chunk_lse).exp_()
             chunk_grad = probs.mul_(g_logp.neg())
         else:
             x = _scaled(logits, temperature, start, stop, index)

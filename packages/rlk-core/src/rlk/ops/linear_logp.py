@@ -14,7 +14,7 @@ from torch import Tensor
 
 from rlk import config, distributed, reference
 from rlk.ops import validate
-from rlk.ops.spec import GradCase, OpSpec, Sample, Tolerance
+from rlk.ops.spec import GradCase, OpSpec, Sample, Tolerance, register_autograd
 from rlk.registry import Kernel
 
 Temperature = float | Tensor
@@ -220,8 +220,8 @@ def _logp_entropy_grad(ctx: Any, grad_logp: Tensor, grad_entropy: Tensor,
     return _backward(ctx, grad_logp, grad_entropy)
 
 
-_linear_logp_op.register_autograd(_logp_grad, setup_context=_setup)
-_linear_logp_entropy_op.register_autograd(_logp_entropy_grad, setup_context=_setup)
+register_autograd(_linear_logp_op, _logp_grad, _setup)
+register_autograd(_linear_logp_entropy_op, _logp_entropy_grad, _setup)
 
 
 # ---------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from rlk import config, reference
 from rlk.ops import validate
-from rlk.ops.spec import OpSpec, Sample, Tolerance
+from rlk.ops.spec import OpSpec, Sample, Tolerance, register_autograd
 
 Temperature = float | Tensor
 
@@ -239,8 +239,8 @@ def _logp_entropy_grad(ctx: Any, grad_logp: Tensor, grad_entropy: Tensor,
     return grad, None, None, None, None, None
 
 
-_logp_op.register_autograd(_logp_grad, setup_context=_setup)
-_logp_entropy_op.register_autograd(_logp_entropy_grad, setup_context=_setup)
+register_autograd(_logp_op, _logp_grad, _setup)
+register_autograd(_logp_entropy_op, _logp_entropy_grad, _setup)
 
 
 # ---------------------------------------------------------------------------

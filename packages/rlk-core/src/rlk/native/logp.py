@@ -6,8 +6,8 @@ import torch
 from torch import Tensor
 
 from rlk.native.chunks import rows_per_chunk
+from rlk.ops.temperature import Temperature
 
-Temperature = float | Tensor
 # float32 temporaries alive at once per row: the scaled logits, exp/probabilities, one more.
 _LIVE = 3
 

@@ -13,12 +13,11 @@ import torch
 from torch import Tensor
 
 from rlk import config, distributed, reference
+from rlk.ops import temperature as temperatures
 from rlk.ops import validate
 from rlk.ops.spec import GradCase, OpSpec, Sample, Tolerance, register_autograd
+from rlk.ops.temperature import Temperature
 from rlk.registry import Kernel
-
-Temperature = float | Tensor
-
 
 # ---------------------------------------------------------------------------
 # argument checking: public arguments -> kernel-level arguments
@@ -55,14 +54,7 @@ def _prepare(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None
         validate.same_device("bias", bias, hidden, "hidden")
     validate.integer("ignore_index", ignore_index)
     distributed.group_name(group)
-    temp: Temperature
-    if isinstance(temperature, Tensor):
-        validate.tensor("temperature", temperature, validate.FLOATS)
-        validate.shape("temperature", temperature, lead, " (one per row of hidden)")
-        validate.same_device("temperature", temperature, hidden, "hidden")
-        temp = temperature.reshape(-1).to(torch.float32)
-    else:
-        temp = validate.positive_scalar("temperature", temperature)
+    temp = temperatures.prepare(temperature, lead, hidden, "hidden")
     flat_tokens = tokens.reshape(-1).to(torch.int64)
     if config.checking_inputs():
         _check_ranges(flat_tokens, weight, ignore_index, temp, group)
@@ -85,9 +77,7 @@ def _check_ranges(tokens: Tensor, weight: Tensor, ignore_index: int, temperature
     if group is not None:
         total = distributed.layout(weight.shape[0], group, weight.device).total
     distributed.check_tokens(tokens, total, ignore_index)
-    if isinstance(temperature, Tensor):
-        bad = ~(temperature > 0) | ~torch.isfinite(temperature)
-        validate.first_bad("temperature", bad, temperature, "(0, inf)")
+    temperatures.check_range(temperature)
 
 
 def _flags(args: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -97,12 +87,6 @@ def _flags(args: Mapping[str, Any]) -> tuple[Any, ...]:
         args.get("group") is not None,
         isinstance(args["temperature"], Tensor),
     )
-
-
-def _split_temperature(temperature: Temperature) -> tuple[Tensor | None, float]:
-    if isinstance(temperature, Tensor):
-        return temperature, 1.0
-    return None, float(temperature)
 
 
 def _kernel_args(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
@@ -229,7 +213,7 @@ register_autograd(_linear_logp_entropy_op, _logp_entropy_grad, _setup)
 
 
 def _op_args(args: Mapping[str, Any]) -> tuple[Any, ...]:
-    temp, value = _split_temperature(args["temperature"])
+    temp, value = temperatures.split(args["temperature"])
     return (args["hidden"], args["weight"], args["tokens"], args["bias"], temp, value,
             args["ignore_index"], distributed.group_name(args["group"]))
 
@@ -382,7 +366,7 @@ def _opcheck_case(args: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
     def leaf(value: Tensor | None) -> Tensor | None:
         return None if value is None else value.detach().clone().requires_grad_(True)
 
-    temp, value = _split_temperature(args["temperature"])
+    temp, value = temperatures.split(args["temperature"])
     op = (torch.ops.rlk.linear_logp_entropy.default if args["with_entropy"]
           else torch.ops.rlk.linear_logp.default)
     return op, (leaf(args["hidden"]), leaf(args["weight"]), args["tokens"], leaf(args["bias"]),

@@ -9,11 +9,10 @@ import torch
 from torch import Tensor
 
 from rlk import config, reference
+from rlk.ops import temperature as temperatures
 from rlk.ops import validate
 from rlk.ops.spec import OpSpec, Sample, Tolerance, register_autograd
-
-Temperature = float | Tensor
-
+from rlk.ops.temperature import Temperature
 
 # ---------------------------------------------------------------------------
 # argument checking: public arguments -> kernel-level arguments
@@ -38,14 +37,7 @@ def _prepare(
     vocab = logits.shape[-1]
     flat_logits = logits.reshape(-1, vocab)
     flat_tokens = tokens.reshape(-1).to(torch.int64)
-    temp: Temperature
-    if isinstance(temperature, Tensor):
-        validate.tensor("temperature", temperature, validate.FLOATS)
-        validate.shape("temperature", temperature, lead, " (one per row of logits)")
-        validate.same_device("temperature", temperature, logits, "logits")
-        temp = temperature.reshape(-1).to(torch.float32)
-    else:
-        temp = validate.positive_scalar("temperature", temperature)
+    temp = temperatures.prepare(temperature, lead, logits, "logits")
     out_shape = lead
     if rows is not None:
         validate.tensor("rows", rows, (torch.int64,))
@@ -71,9 +63,7 @@ def _check_ranges(tokens: Tensor, vocab: int, ignore_index: int, temperature: Te
     bad = ((tokens < 0) | (tokens >= vocab)) & (tokens != ignore_index)
     allowed = f"[0, {vocab}) and is not ignore_index={ignore_index}"
     validate.first_bad("tokens", bad, tokens, allowed)
-    if isinstance(temperature, Tensor):
-        bad_t = ~(temperature > 0) | ~torch.isfinite(temperature)
-        validate.first_bad("temperature", bad_t, temperature, "(0, inf)")
+    temperatures.check_range(temperature)
     if rows is not None:
         validate.first_bad("rows", (rows < 0) | (rows >= num_rows), rows, f"[0, {num_rows})")
         if rows.unique().numel() != rows.numel():
@@ -102,23 +92,13 @@ def _flags(args: Mapping[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def _split_temperature(temperature: Temperature) -> tuple[Tensor | None, float]:
-    if isinstance(temperature, Tensor):
-        return temperature, 1.0
-    return None, temperature
-
-
-def _join_temperature(tensor: Tensor | None, value: float) -> Temperature:
-    return value if tensor is None else tensor
-
-
 def _kernel_args(logits: Tensor, tokens: Tensor, temperature: Tensor | None, value: float,
                  ignore_index: int, rows: Tensor | None, out: Tensor | None,
                  with_entropy: bool) -> dict[str, Any]:
     return {
         "logits": logits,
         "tokens": tokens,
-        "temperature": _join_temperature(temperature, value),
+        "temperature": temperatures.join(temperature, value),
         "ignore_index": ignore_index,
         "rows": rows,
         "out": out,
@@ -264,7 +244,7 @@ def logp(
     equal to `ignore_index` give 0; tokens outside `[0, V)` give NaN.
     """
     args, shape = _prepare(logits, tokens, temperature, ignore_index, rows)
-    temp, value = _split_temperature(args["temperature"])
+    temp, value = temperatures.split(args["temperature"])
     if out is not None:
         flat_out = _check_out(out, shape, logits)
         _logp_out_op(args["logits"], args["tokens"], temp, value, ignore_index, rows,
@@ -288,7 +268,7 @@ def logp_entropy(
     `out`, if given, is a pair of float32 tensors receiving (logp, entropy).
     """
     args, shape = _prepare(logits, tokens, temperature, ignore_index, rows)
-    temp, value = _split_temperature(args["temperature"])
+    temp, value = temperatures.split(args["temperature"])
     if out is not None:
         if not isinstance(out, tuple) or len(out) != 2:
             raise TypeError("out must be a (logp_out, entropy_out) pair of float32 tensors")
@@ -451,7 +431,7 @@ def _grad_check(kernel: Any, args: dict[str, Any], gen: torch.Generator):
 
 
 def _opcheck_case(args: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
-    temp, value = _split_temperature(args["temperature"])
+    temp, value = temperatures.split(args["temperature"])
     common = (args["tokens"], temp, value, args["ignore_index"], args["rows"])
     logits = args["logits"].detach()
     if args["out"] is not None:
@@ -481,36 +461,25 @@ _GRAD_TOLERANCES = {
     torch.float16: Tolerance(atol=1e-6, rtol=1e-3),
 }
 
-LOGP = OpSpec(
-    name="logp",
-    main_input="logits",
-    prepare=_public_prepare(False),
-    flags=_flags,
-    reference=_reference,
-    outputs=_outputs,
-    samples=_samples(False),
-    tolerances=_TOLERANCES,
-    dtypes=validate.FLOATS,
-    opcheck_case=_opcheck_case,
-    grad_check=_grad_check,
-    grad_tolerances=_GRAD_TOLERANCES,
-    batch_slice=_batch_slice,
-    doc="log softmax(logits / T) at tokens",
-)
-LOGP_ENTROPY = OpSpec(
-    name="logp_entropy",
-    main_input="logits",
-    prepare=_public_prepare(True),
-    flags=_flags,
-    reference=_reference,
-    outputs=_outputs,
-    samples=_samples(True),
-    tolerances=_TOLERANCES,
-    dtypes=validate.FLOATS,
-    opcheck_case=_opcheck_case,
-    grad_check=_grad_check,
-    grad_tolerances=_GRAD_TOLERANCES,
-    batch_slice=_batch_slice,
-    doc="logp and the entropy of softmax(logits / T)",
-)
+def _spec(name: str, with_entropy: bool, doc: str) -> OpSpec:
+    return OpSpec(
+        name=name,
+        main_input="logits",
+        prepare=_public_prepare(with_entropy),
+        flags=_flags,
+        reference=_reference,
+        outputs=_outputs,
+        samples=_samples(with_entropy),
+        tolerances=_TOLERANCES,
+        dtypes=validate.FLOATS,
+        opcheck_case=_opcheck_case,
+        grad_check=_grad_check,
+        grad_tolerances=_GRAD_TOLERANCES,
+        batch_slice=_batch_slice,
+        doc=doc,
+    )
+
+
+LOGP = _spec("logp", False, "log softmax(logits / T) at tokens")
+LOGP_ENTROPY = _spec("logp_entropy", True, "logp and the entropy of softmax(logits / T)")
 SPECS = (LOGP, LOGP_ENTROPY)

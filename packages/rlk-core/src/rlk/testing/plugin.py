@@ -6,10 +6,29 @@ carrying it skip without a CUDA device) and the parametrisation of the kit's tes
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
+
+RLK_VARIABLES = ("RLK_BACKENDS", "RLK_STRICT", "RLK_PLUGINS", "RLK_DISABLE_PLUGINS",
+                 "RLK_STRICT_PLUGINS", "RLK_CHECK_INPUTS", "RLK_TESTBACKEND")
+
+
+@pytest.fixture
+def fresh_rlk(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    """rlk with no RLK_* variables and a dispatcher rebuilt on first use; the monkeypatch
+    it yields sets what a test needs (call rlk.dispatch.reset() after changing plugins)."""
+    from rlk import config, dispatch
+
+    for name in RLK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    dispatch.reset()
+    config.reset_check_inputs()
+    yield monkeypatch
+    dispatch.reset()
+    config.reset_check_inputs()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

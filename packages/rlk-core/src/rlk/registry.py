@@ -45,7 +45,6 @@ class Backend:
     version: str = ""
     plugin: str = ""
     distribution: str = ""
-    failure: str | None = None
     _probes: dict[str, str | None] = field(default_factory=dict, repr=False)
 
     def probe_device(self, device: torch.device) -> str | None:

@@ -72,7 +72,8 @@ def explain_shape(op: str, shape: list[int], dtype: torch.dtype,
     dispatcher = get_dispatcher()
     main = call[spec.main_input]
     selection = dispatcher.decide(op, device, main.dtype, call, current_policy(dispatcher))
-    return {"op": op, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
+    return {"op": op, "doc": spec.doc, "device": str(device),
+            "dtype": str(dtype).replace("torch.", ""),
             "shape": shape, "backend": selection.backend, "kernel": selection.kernel_name,
             "rejected": dict(selection.rejected)}
 
@@ -102,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
+    print(f"{result['op']}: {result['doc']}")
     kernel = f" ({result['kernel']})" if result["kernel"] else ""
     print(f"{result['op']} on {result['device']} [{result['dtype']}, shape {shape}]: "
           f"{result['backend'] or 'NO BACKEND'}{kernel}")

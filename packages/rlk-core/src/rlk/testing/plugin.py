@@ -13,7 +13,7 @@ import pytest
 import torch
 
 RLK_VARIABLES = ("RLK_BACKENDS", "RLK_STRICT", "RLK_PLUGINS", "RLK_DISABLE_PLUGINS",
-                 "RLK_STRICT_PLUGINS", "RLK_CHECK_INPUTS", "RLK_TESTBACKEND")
+                 "RLK_STRICT_PLUGINS", "RLK_CHECK_INPUTS", "RLK_NATIVE_CHUNK_MB")
 
 
 @pytest.fixture

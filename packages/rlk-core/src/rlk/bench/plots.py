@@ -34,6 +34,9 @@ def _draw(path: Path, panels: dict[str, list[Row]], label: str,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # one colour per implementation across every panel, so a bar reads the same everywhere
+    every_impl = dict.fromkeys(r.impl for rows in panels.values() for r in rows)
+    colour = {impl: f"C{i % 10}" for i, impl in enumerate(every_impl)}
     columns = min(2, len(panels))
     lines = (len(panels) + columns - 1) // columns
     fig, axes = plt.subplots(lines, columns, figsize=(7 * columns, 3.6 * lines), squeeze=False)
@@ -47,7 +50,8 @@ def _draw(path: Path, panels: dict[str, list[Row]], label: str,
             for case in cases:
                 found = [value(r) for r in rows if r.case == case and r.impl == impl]
                 heights.append(found[0] if found and found[0] is not None else 0.0)
-            bars = ax.bar([i + k * width for i in range(len(cases))], heights, width, label=impl)
+            bars = ax.bar([i + k * width for i in range(len(cases))], heights, width, label=impl,
+                          color=colour[impl])
             ax.bar_label(bars, fmt="%.3g", fontsize=6)
             drawn += [h for h in heights if h > 0]
         if drawn and max(drawn) > 50 * min(drawn):  # peers an order apart: keep both readable

@@ -10,26 +10,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Block-wide sum (op = 0) or minimum (op = 1) in a fixed order; every thread gets the result.
-__device__ double block_reduce_d(double v, double* scratch, int op) {
-  constexpr int kWarps = kThreads / RLK_WARP_SIZE;
-  for (int o = RLK_WARP_SIZE / 2; o > 0; o >>= 1) {
-#if RLK_HIP
-    const double u = __shfl_xor(v, o);
-#else
-    const double u = __shfl_xor_sync(RLK_FULL_MASK, v, o);
-#endif
-    v = op == 0 ? v + u : fmin(v, u);
-  }
-  const int warp = threadIdx.x / RLK_WARP_SIZE, lane = threadIdx.x % RLK_WARP_SIZE;
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  double r = scratch[0];
-  for (int w = 1; w < kWarps; ++w) r = op == 0 ? r + scratch[w] : fmin(r, scratch[w]);
-  return r;
-}
-
 __global__ void __launch_bounds__(kThreads) group_advantages_kernel(GroupAdvArgs a) {
   __shared__ double scratch[kThreads / RLK_WARP_SIZE];
   const int64_t g = blockIdx.x;
@@ -42,16 +22,16 @@ __global__ void __launch_bounds__(kThreads) group_advantages_kernel(GroupAdvArgs
     nans += r != r ? 1.0 : 0.0;
     low = fmin(low, r);
   }
-  count = block_reduce_d(count, scratch, 0);
-  nans = block_reduce_d(nans, scratch, 0);
-  low = block_reduce_d(low, scratch, 1);
+  count = block_reduce<kThreads>(count, scratch, SumOp{});
+  nans = block_reduce<kThreads>(nans, scratch, SumOp{});
+  low = block_reduce<kThreads>(low, scratch, MinOp{});
   const bool nan = nans > 0.0;
   if (count == 0.0) return;
   // Pass 2: sum of rewards centred on the minimum (a constant group sums to exactly 0).
   double sum = 0.0;
   for (int64_t i = threadIdx.x; i < a.N; i += kThreads)
     if (a.group_ids[i] == g) sum += static_cast<double>(a.rewards[i]) - low;
-  sum = block_reduce_d(sum, scratch, 0);
+  sum = block_reduce<kThreads>(sum, scratch, SumOp{});
   const double mean = sum / count;
   // Pass 3: sample standard deviation.
   double std = 0.0;
@@ -62,7 +42,7 @@ __global__ void __launch_bounds__(kThreads) group_advantages_kernel(GroupAdvArgs
       const double d = static_cast<double>(a.rewards[i]) - low - mean;
       sq += d * d;
     }
-    sq = block_reduce_d(sq, scratch, 0);
+    sq = block_reduce<kThreads>(sq, scratch, SumOp{});
     std = sqrt(sq / fmax(count - 1.0, 1.0));
   }
   // Pass 4: write the group's advantages.

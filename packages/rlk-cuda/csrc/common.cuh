@@ -76,51 +76,42 @@ __device__ __forceinline__ int64_t head_elems(const T* p, int64_t n) {
   return h < n ? h : n;
 }
 
-// Sum over a block, in a fixed order (deterministic, batch-invariant). `scratch` holds one
-// float per warp. Every thread gets the result.
-template <int THREADS>
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
+struct SumOp {
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+
+struct MinOp {
+  __device__ __forceinline__ int operator()(int a, int b) const { return min(a, b); }
+  __device__ __forceinline__ double operator()(double a, double b) const { return fmin(a, b); }
+};
+
+// Reduce over a block in a fixed order (deterministic, batch-invariant): a butterfly inside
+// each warp, then the warps' results in warp order. `scratch` holds one T per warp. Every
+// thread gets the result.
+template <int THREADS, typename T, typename Op>
+__device__ __forceinline__ T block_reduce(T v, T* scratch, Op op) {
   constexpr int kWarps = THREADS / RLK_WARP_SIZE;
 #pragma unroll
-  for (int o = RLK_WARP_SIZE / 2; o > 0; o >>= 1) v += shfl_xor(v, o);
+  for (int o = RLK_WARP_SIZE / 2; o > 0; o >>= 1) v = op(v, shfl_xor(v, o));
   const int warp = threadIdx.x / RLK_WARP_SIZE, lane = threadIdx.x % RLK_WARP_SIZE;
   __syncthreads();
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  float r = 0.f;
+  T r = scratch[0];
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) r += scratch[w];
+  for (int w = 1; w < kWarps; ++w) r = op(r, scratch[w]);
   return r;
 }
 
-template <int THREADS>
-__device__ __forceinline__ int block_sum_int(int v, int* scratch) {
-  constexpr int kWarps = THREADS / RLK_WARP_SIZE;
-#pragma unroll
-  for (int o = RLK_WARP_SIZE / 2; o > 0; o >>= 1) v += shfl_xor(v, o);
-  const int warp = threadIdx.x / RLK_WARP_SIZE, lane = threadIdx.x % RLK_WARP_SIZE;
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  int r = 0;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) r += scratch[w];
-  return r;
+template <int THREADS, typename T>
+__device__ __forceinline__ T block_sum(T v, T* scratch) {
+  return block_reduce<THREADS>(v, scratch, SumOp{});
 }
 
 template <int THREADS>
 __device__ __forceinline__ int block_min_int(int v, int* scratch) {
-  constexpr int kWarps = THREADS / RLK_WARP_SIZE;
-#pragma unroll
-  for (int o = RLK_WARP_SIZE / 2; o > 0; o >>= 1) v = min(v, shfl_xor(v, o));
-  const int warp = threadIdx.x / RLK_WARP_SIZE, lane = threadIdx.x % RLK_WARP_SIZE;
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  int r = scratch[0];
-#pragma unroll
-  for (int w = 1; w < kWarps; ++w) r = min(r, scratch[w]);
-  return r;
+  return block_reduce<THREADS>(v, scratch, MinOp{});
 }
 
 }  // namespace rlk

@@ -57,6 +57,14 @@ __device__ __forceinline__ int shfl_xor(int v, int lane_mask) {
 #endif
 }
 
+__device__ __forceinline__ double shfl_xor(double v, int lane_mask) {
+#if RLK_HIP
+  return __shfl_xor(v, lane_mask);
+#else
+  return __shfl_xor_sync(RLK_FULL_MASK, v, lane_mask);
+#endif
+}
+
 __device__ __forceinline__ float shfl_up(float v, int delta) {
 #if RLK_HIP
   return __shfl_up(v, delta);

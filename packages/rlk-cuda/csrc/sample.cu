@@ -82,7 +82,7 @@ __device__ void count_pass(const T* p, int64_t V, float m, float inv_t, Shared& 
   });
 #pragma unroll
   for (int j = 0; j < kPivots; ++j) {
-    cnt[j] = block_sum_int<kThreads>(cnt[j], sh.ired);
+    cnt[j] = block_sum<kThreads>(cnt[j], sh.ired);
     if (MASS) ms[j] = block_sum<kThreads>(ms[j], sh.fred);
   }
 }

@@ -21,6 +21,7 @@ from types import ModuleType
 
 import torch
 
+from rlk.ops.sample import drawn_logp
 from rlk_flashinfer import library
 from rlk_flashinfer.seeds import plan_launches
 
@@ -50,7 +51,7 @@ def sample(
         else:
             _sample_rows(library.load_sampling(), logits, valid, temperature, top_k, top_p,
                          min_p, seeds, tokens, processed)
-    return tokens, _logp(logits, tokens, temperature), processed
+    return tokens, drawn_logp(logits, tokens, temperature), processed
 
 
 def check_arguments(logits: object, temperature: object, top_k: object, top_p: object,
@@ -172,16 +173,3 @@ def _processed_logp(block: torch.Tensor, picked: torch.Tensor, kept: torch.Tenso
     scaled = block.float() / temperature
     kept_lse = torch.logsumexp(scaled.masked_fill(~kept, -math.inf), dim=-1)
     return scaled.gather(1, picked[:, None])[:, 0] - kept_lse
-
-
-def _logp(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
-    """rlk.logp at the sampling temperature (1 when greedy); NaN where no token was drawn."""
-    import rlk
-
-    drawn = tokens >= 0
-    at = temperature if temperature > 0.0 else 1.0
-    # A scope that made `flashinfer` strict for `sample` must not bind this nested logp,
-    # which flashinfer cannot serve: it runs wherever the caller's rlk.logp would.
-    with rlk.use_backends(strict=False):
-        logp = rlk.logp(logits, torch.where(drawn, tokens, 0), temperature=at)
-    return torch.where(drawn, logp, torch.full_like(logp, math.nan))

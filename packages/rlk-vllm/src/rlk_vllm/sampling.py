@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from rlk.ops.sample import drawn_logp
 from rlk_vllm._vllm import require_vllm
 
 _UINT64 = (1 << 64) - 1
@@ -85,8 +86,6 @@ def sample(
     equals what the trainer computes bit for bit. Rows without a valid token (all -inf,
     any NaN or +inf) give token -1 and NaN log-probs.
     """
-    import rlk
-
     ops = _vllm_ops()
     x = logits.to(torch.float32)
     valid = torch.isfinite(torch.logsumexp(x, dim=-1))  # no NaN, no +inf, not all -inf
@@ -100,16 +99,7 @@ def sample(
         x = _truncate(x / temperature, top_k, top_p, min_p, ops)
         tokens = _draw(x, seeds, ops)
         processed = x.log_softmax(dim=-1).gather(1, tokens[:, None]).squeeze(1)
-    # Invalid rows ask rlk.logp about token 0 (their logits make it NaN anyway), so that
-    # RLK_CHECK_INPUTS=1 does not reject the -1 they return.
-    tokens = torch.where(valid, tokens, torch.zeros_like(tokens))
-    # `vllm` has no logp kernel of its own: the best logp backend for the device serves
-    # it, as for the trainer, even inside a scope that made `vllm` strict for `sample`.
-    with rlk.use_backends(strict=False):
-        logp = rlk.logp(logits, tokens, temperature=1.0 if greedy else temperature)
+    tokens = torch.where(valid, tokens, torch.full_like(tokens, -1))
     nan = torch.tensor(float("nan"), device=x.device)
-    return (
-        torch.where(valid, tokens, torch.full_like(tokens, -1)),
-        torch.where(valid, logp.to(torch.float32), nan),
-        torch.where(valid, processed, nan),
-    )
+    # `vllm` has no logp kernel of its own: the caller's logp backend serves it
+    return tokens, drawn_logp(logits, tokens, temperature), torch.where(valid, processed, nan)

@@ -99,6 +99,24 @@ def _(logits, temperature, top_k, top_p, min_p, seeds):
             logits.new_empty(rows, dtype=torch.float32))
 
 
+def drawn_logp(logits: Tensor, tokens: Tensor, temperature: float) -> Tensor:
+    """`logp` output of a `sample` kernel whose backend has no logp kernel of its own.
+
+    rlk.logp of the drawn tokens at the sampling temperature (1 when greedy), NaN where no
+    token was drawn (-1), so it equals what the caller's rlk.logp returns bit for bit. It
+    runs outside any strict scope the caller opened for `sample`, which the nested op's
+    backends need not satisfy.
+    """
+    from rlk.dispatch import use_backends
+    from rlk.ops.logp import logp
+
+    drawn = tokens >= 0
+    with use_backends(strict=False):
+        values = logp(logits, torch.where(drawn, tokens, 0),
+                      temperature=temperature if temperature > 0.0 else 1.0)
+    return values.masked_fill(~drawn, math.nan)
+
+
 def sample(
     logits: Tensor,
     *,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -180,6 +181,38 @@ def test_a_peer_that_overwrites_its_inputs_is_restored_before_each_call(
     assert rows[0].status == "pass" and rows[0].grad_max_abs_error < 1e-5
     assert len(seen) > 3 and min(seen) == max(seen) > 0
     assert rows[1].max_abs_error < 1e-5  # the next row saw the original logits
+
+
+def test_a_backend_variant_runs_under_its_environment(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A variant row (like rlk:cuda-tma) sets its environment while it runs, and only then."""
+    from dataclasses import replace
+
+    from rlk.bench.workload import Variant
+
+    seen: list[str | None] = []
+
+    def rlk_call(backward):
+        call = logp_workloads.LOGP.rlk_call(backward)
+
+        def watched(x):
+            seen.append(os.environ.get("RLK_BENCH_TEST_PATH"))
+            return call(x)
+        return watched
+
+    monkeypatch.delenv("RLK_BENCH_TEST_PATH", raising=False)
+    variants = (Variant("native", "fast", {"RLK_BENCH_TEST_PATH": "fast"}),
+                Variant("native", "never", {}, lambda device: "needs a frobnicator"),
+                Variant("nosuch", "fast", {}))
+    workload = replace(logp_workloads.LOGP, name="logp-test", rlk_call=rlk_call, peers={},
+                       variants=variants)
+    rows = {r.impl: r for r in _run(tmp_path, monkeypatch, workload, backends=["native"])}
+    assert list(rows) == ["rlk:native", "rlk:native-fast", "rlk:native-never"]
+    assert rows["rlk:native"].status == rows["rlk:native-fast"].status == "pass"
+    assert rows["rlk:native-never"].status == "blocked"
+    assert rows["rlk:native-never"].reason == "needs a frobnicator"
+    assert set(seen) == {None, "fast"} and seen[0] is None and seen[-1] == "fast"
+    assert "RLK_BENCH_TEST_PATH" not in os.environ
 
 
 def test_missing_op_and_unknown_backend_are_blocked(tmp_path: Path,

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,7 @@ class Impl:
     backend: str | None = None
     peer: Peer | None = None
     blocked: str | None = None
+    env: tuple[tuple[str, str], ...] = ()  # set while the row runs (a backend's variant)
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,14 @@ def _registered(op: str) -> list[str]:
     return sorted({k.backend for k in kernels}, key=lambda name: -priority.get(name, 0))
 
 
+def _backend_rows(workload: Workload, backend: str, device: torch.device) -> list[Impl]:
+    """The backend's row, then one per variant of it (the same backend, another path)."""
+    return [Impl(f"rlk:{backend}", "rlk", backend=backend)] + [
+        Impl(f"rlk:{v.backend}-{v.name}", "rlk", backend=backend, blocked=v.unavailable(device),
+             env=tuple(v.env.items()))
+        for v in workload.variants if v.backend == backend]
+
+
 def impls_for(workload: Workload, options: Options) -> list[Impl]:
     """rlk backends first (highest priority first), then the requested peers it has."""
     if workload.backends is not None:
@@ -68,7 +78,7 @@ def impls_for(workload: Workload, options: Options) -> list[Impl]:
     else:
         chosen = (list(options.backends) if options.backends is not None
                   else _registered(workload.op))
-    impls = [Impl(f"rlk:{b}", "rlk", backend=b) for b in chosen]
+    impls = [impl for b in chosen for impl in _backend_rows(workload, b, options.device)]
     if not chosen and options.backends is None:
         impls.append(Impl("rlk", "rlk", blocked=f"no installed backend registers '{workload.op}'"))
     wanted = options.peers if options.peers is not None else list(workload.peers)
@@ -84,6 +94,21 @@ def plan(workloads: list[Workload], options: Options) -> list[Group]:
         cases = workload.smoke_cases if options.smoke else workload.cases
         groups += [Group(workload, mode, case, impls) for mode in workload.modes for case in cases]
     return groups
+
+
+@contextmanager
+def _environ(values: Mapping[str, str]) -> Iterator[None]:
+    """`values` in os.environ for the duration, the previous settings restored afterwards."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -212,7 +237,10 @@ class Runner:
     def _scope(self, impl: Impl) -> AbstractContextManager[Any]:
         if impl.backend is None:
             return nullcontext()
-        return rlk.use_backends(impl.backend, strict=True)
+        scope = ExitStack()
+        scope.enter_context(rlk.use_backends(impl.backend, strict=True))
+        scope.enter_context(_environ(dict(impl.env)))
+        return scope
 
     def _build(self, group: Group, impl: Impl, backward: bool) -> Call:
         if impl.peer is not None:

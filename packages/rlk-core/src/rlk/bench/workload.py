@@ -68,6 +68,20 @@ class Peer:
 
 
 @dataclass(frozen=True)
+class Variant:
+    """An rlk backend measured again under environment settings that pick one of its own
+    paths (e.g. RLK_CUDA_LOGP_FORWARD=tma), as the row `rlk:<backend>-<name>`.
+
+    `unavailable(device)` gives the reason the row is blocked on `device`, or None.
+    """
+
+    backend: str
+    name: str
+    env: Mapping[str, str]
+    unavailable: Callable[[torch.device], str | None] = lambda device: None
+
+
+@dataclass(frozen=True)
 class Workload:
     """One benchmark workload.
 
@@ -80,6 +94,7 @@ class Workload:
       computed once from pristine inputs.
     - `compare(reference, outputs, inputs)`: errors per output.
     - `cost(case, dtype, backward)`: bytes and FLOPs for the roofline.
+    - `variants`: extra rows of measured backends, each under its own environment settings.
     """
 
     name: str
@@ -94,6 +109,7 @@ class Workload:
     cost: Callable[[Case, torch.dtype, bool], Cost]
     peers: Mapping[str, Peer] = field(default_factory=dict)
     backends: tuple[str, ...] | None = None
+    variants: tuple[Variant, ...] = ()
     doc: str = ""
 
 

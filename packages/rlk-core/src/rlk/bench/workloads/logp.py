@@ -25,6 +25,7 @@ from rlk.bench.workload import (
     Inputs,
     Outputs,
     Peer,
+    Variant,
     Workload,
     element_size,
     grads,
@@ -146,15 +147,26 @@ LIGER = Peer("liger", _liger, mutates=("logits",),
              note="loss in the logits' dtype; the gradient overwrites the logits in the forward")
 
 
+def _hopper_only(device: torch.device) -> str | None:
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0):
+        return None
+    return "the bulk-copy (TMA) forward runs on sm_90 (Hopper) devices only"
+
+
+# rlk-cuda's Hopper forward beside its default one (docs/backends/cuda.md).
+CUDA_TMA = Variant("cuda", "tma", {"RLK_CUDA_LOGP_FORWARD": "tma"}, _hopper_only)
+
+
 def _logp_workload(name: str, modes: tuple[str, ...], cases: tuple[Case, ...],
                    backends: tuple[str, ...] | None = None, with_peers: tuple[str, ...] = (),
-                   doc: str = "") -> Workload:
+                   variants: tuple[Variant, ...] = (), doc: str = "") -> Workload:
     available = {**torch_peers(False), "liger": LIGER}
     return Workload(
         name=name, op="logp", modes=modes, cases=cases, smoke_cases=SMOKE,
         inputs=make_inputs, rlk_call=rlk_call(False), reference=reference_for(False),
         compare=compare, cost=lambda c, d, b: cost(c, d, b),
-        peers={p: available[p] for p in with_peers}, backends=backends, doc=doc,
+        peers={p: available[p] for p in with_peers}, backends=backends, variants=variants,
+        doc=doc,
     )
 
 
@@ -165,7 +177,7 @@ LOGP_NATIVE = _logp_workload(
 LOGP = _logp_workload(
     "logp", (FORWARD,),
     (case(8192, V152K), case(32768, V152K), case(8192, V256K)),
-    with_peers=("eager", "compile", "liger"), doc="rlk.logp forward")
+    with_peers=("eager", "compile", "liger"), variants=(CUDA_TMA,), doc="rlk.logp forward")
 LOGP_BWD = _logp_workload(
     "logp-bwd", (FORWARD_BACKWARD,), (case(8192, V152K), case(8192, V32K)),
     with_peers=("eager", "compile", "liger"),

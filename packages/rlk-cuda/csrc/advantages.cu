@@ -1,5 +1,10 @@
-// group_advantages: one block per group scans the (small, L2-resident) rewards in index order,
-// so every sum has a fixed order: deterministic, and exact to float64 accumulation.
+// group_advantages: a team of threads per group (32 lanes when groups are small, one block when
+// they are large) computes the group's float64 statistics in a fixed order: deterministic.
+//
+// A first launch checks, chunk by chunk, whether the ids never decrease (consecutive groups,
+// as group_size= gives). Then each group's members are the run [first id >= g, first id > g),
+// found in O(1) for equal groups and by binary search otherwise, and a team reads only its own
+// run. Ids in any other order fall back to each team scanning all ids for its members.
 #include <cmath>
 
 #include "common.cuh"
@@ -9,45 +14,116 @@ namespace rlk {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kChunk = kGroupAdvChunk;  // ids checked per block of the ordering pass
+// Lanes per group when groups are small: a warp, or half a wave64 (the host cannot know which
+// wave size the device code has, so the launch shape must not depend on it).
+constexpr int kLanes = 32;
+constexpr int64_t kLanesGroupMax = 4 * kLanes;  // largest mean group size served by 32 lanes
 
+__global__ void __launch_bounds__(kThreads) ids_ordered_kernel(GroupAdvArgs a) {
+  __shared__ int scratch[kThreads / RLK_WARP_SIZE];
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kChunk;
+  const int64_t end = begin + kChunk < a.N - 1 ? begin + kChunk : a.N - 1;
+  int ordered = 1;
+  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads)
+    ordered &= a.group_ids[i] <= a.group_ids[i + 1] ? 1 : 0;
+  ordered = block_min_int<kThreads>(ordered, scratch);
+  if (threadIdx.x == 0) a.ordered_chunks[blockIdx.x] = ordered;
+}
+
+// TEAM threads serve one group: kLanes (several groups per block) or the block.
+template <int TEAM>
+struct Team {
+  static_assert(TEAM == kLanes || TEAM == kThreads, "a team is 32 lanes or the block");
+  int* int_scratch;
+  double* scratch;
+
+  __device__ int lane() const { return threadIdx.x % TEAM; }
+  __device__ int64_t group() const {
+    return static_cast<int64_t>(blockIdx.x) * (kThreads / TEAM) + threadIdx.x / TEAM;
+  }
+  template <typename T, typename Op>
+  __device__ T reduce(T v, T* block_scratch, Op op) const {
+    if constexpr (TEAM == kThreads) return block_reduce<kThreads>(v, block_scratch, op);
+    else return warp_reduce<kLanes>(v, op);
+  }
+  __device__ double sum(double v) const { return reduce(v, scratch, SumOp{}); }
+  __device__ double min(double v) const { return reduce(v, scratch, MinOp{}); }
+  __device__ int min(int v) const { return reduce(v, int_scratch, MinOp{}); }
+};
+
+// The first index of non-decreasing `ids` that holds >= g. `guess` (exact when all groups have
+// the same size) is tried before a binary search.
+__device__ int64_t first_at_least(const int64_t* ids, int64_t n, int64_t g, int64_t guess) {
+  if (guess >= 0 && guess <= n && (guess == n || ids[guess] >= g) &&
+      (guess == 0 || ids[guess - 1] < g))
+    return guess;
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (ids[mid] < g) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+template <int TEAM>
 __global__ void __launch_bounds__(kThreads) group_advantages_kernel(GroupAdvArgs a) {
   __shared__ double scratch[kThreads / RLK_WARP_SIZE];
-  const int64_t g = blockIdx.x;
+  __shared__ int int_scratch[kThreads / RLK_WARP_SIZE];
+  const Team<TEAM> team{int_scratch, scratch};
+  const int64_t g = team.group();
+  if (g >= a.num_groups) return;  // whole teams of the last block (TEAM is kLanes)
+  const int lane = team.lane();
+
+  // The members: the group's run when the ids are ordered, else every index whose id is g.
+  int ordered = 1;
+  const int64_t chunks = (a.N + kChunk - 1) / kChunk;
+  for (int64_t c = lane; c < chunks; c += TEAM) ordered &= a.ordered_chunks[c];
+  ordered = team.min(ordered);
+  int64_t begin = 0, end = a.N;
+  if (ordered) {
+    const int64_t size = a.N % a.num_groups == 0 ? a.N / a.num_groups : -1;
+    begin = first_at_least(a.group_ids, a.N, g, size < 0 ? -1 : g * size);
+    end = first_at_least(a.group_ids, a.N, g + 1, size < 0 ? -1 : (g + 1) * size);
+  }
+  const auto member = [&](int64_t i) { return ordered || a.group_ids[i] == g; };
+
   // Pass 1: member count, NaN members, minimum.
   double count = 0.0, nans = 0.0, low = INFINITY;
-  for (int64_t i = threadIdx.x; i < a.N; i += kThreads) {
-    if (a.group_ids[i] != g) continue;
+  for (int64_t i = begin + lane; i < end; i += TEAM) {
+    if (!member(i)) continue;
     const double r = a.rewards[i];
     count += 1.0;
     nans += r != r ? 1.0 : 0.0;
     low = fmin(low, r);
   }
-  count = block_reduce<kThreads>(count, scratch, SumOp{});
-  nans = block_reduce<kThreads>(nans, scratch, SumOp{});
-  low = block_reduce<kThreads>(low, scratch, MinOp{});
+  count = team.sum(count);
+  nans = team.sum(nans);
+  low = team.min(low);
   const bool nan = nans > 0.0;
   if (count == 0.0) return;
   // Pass 2: sum of rewards centred on the minimum (a constant group sums to exactly 0).
   double sum = 0.0;
-  for (int64_t i = threadIdx.x; i < a.N; i += kThreads)
-    if (a.group_ids[i] == g) sum += static_cast<double>(a.rewards[i]) - low;
-  sum = block_reduce<kThreads>(sum, scratch, SumOp{});
+  for (int64_t i = begin + lane; i < end; i += TEAM)
+    if (member(i)) sum += static_cast<double>(a.rewards[i]) - low;
+  sum = team.sum(sum);
   const double mean = sum / count;
   // Pass 3: sample standard deviation.
   double std = 0.0;
   if (a.normalize_std) {
     double sq = 0.0;
-    for (int64_t i = threadIdx.x; i < a.N; i += kThreads) {
-      if (a.group_ids[i] != g) continue;
+    for (int64_t i = begin + lane; i < end; i += TEAM) {
+      if (!member(i)) continue;
       const double d = static_cast<double>(a.rewards[i]) - low - mean;
       sq += d * d;
     }
-    sq = block_reduce<kThreads>(sq, scratch, SumOp{});
+    sq = team.sum(sq);
     std = sqrt(sq / fmax(count - 1.0, 1.0));
   }
   // Pass 4: write the group's advantages.
-  for (int64_t i = threadIdx.x; i < a.N; i += kThreads) {
-    if (a.group_ids[i] != g) continue;
+  for (int64_t i = begin + lane; i < end; i += TEAM) {
+    if (!member(i)) continue;
     const double c = static_cast<double>(a.rewards[i]) - low;
     double adv = a.leave_one_out ? c - (sum - c) / fmax(count - 1.0, 1.0) : c - mean;
     if (a.normalize_std && adv != 0.0) adv /= std + a.eps;
@@ -59,10 +135,21 @@ __global__ void __launch_bounds__(kThreads) group_advantages_kernel(GroupAdvArgs
 
 const char* group_advantages(const GroupAdvArgs& a, void* stream) {
   if (a.N == 0 || a.num_groups == 0) return nullptr;
-  if (a.num_groups > 0x7fffffffLL) return "group_advantages: too many groups";
-  group_advantages_kernel<<<static_cast<unsigned>(a.num_groups), kThreads, 0,
-                            static_cast<rlkStream_t>(stream)>>>(a);
-  const rlkError_t e = rlkGetLastError();
+  const int64_t chunks = (a.N + kChunk - 1) / kChunk;
+  constexpr int64_t kTeamsPerBlock = kThreads / kLanes;
+  const bool small = a.N / a.num_groups <= kLanesGroupMax;
+  const int64_t blocks = small ? (a.num_groups + kTeamsPerBlock - 1) / kTeamsPerBlock
+                               : a.num_groups;
+  if (blocks > 0x7fffffffLL || chunks > 0x7fffffffLL) return "group_advantages: too many groups";
+  const rlkStream_t s = static_cast<rlkStream_t>(stream);
+  ids_ordered_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, s>>>(a);
+  rlkError_t e = rlkGetLastError();
+  if (e != rlkSuccess) return rlkGetErrorString(e);
+  if (small)
+    group_advantages_kernel<kLanes><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(a);
+  else
+    group_advantages_kernel<kThreads><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(a);
+  e = rlkGetLastError();
   return e == rlkSuccess ? nullptr : rlkGetErrorString(e);
 }
 

@@ -86,14 +86,23 @@ struct MinOp {
   __device__ __forceinline__ double operator()(double a, double b) const { return fmin(a, b); }
 };
 
+// Reduce over each aligned run of WIDTH lanes (default: the warp) with a butterfly in a fixed
+// order; every lane gets its run's result.
+template <int WIDTH = RLK_WARP_SIZE, typename T, typename Op>
+__device__ __forceinline__ T warp_reduce(T v, Op op) {
+  static_assert(WIDTH <= RLK_WARP_SIZE && (WIDTH & (WIDTH - 1)) == 0, "a power of 2 in a warp");
+#pragma unroll
+  for (int o = WIDTH / 2; o > 0; o >>= 1) v = op(v, shfl_xor(v, o));
+  return v;
+}
+
 // Reduce over a block in a fixed order (deterministic, batch-invariant): a butterfly inside
 // each warp, then the warps' results in warp order. `scratch` holds one T per warp. Every
 // thread gets the result.
 template <int THREADS, typename T, typename Op>
 __device__ __forceinline__ T block_reduce(T v, T* scratch, Op op) {
   constexpr int kWarps = THREADS / RLK_WARP_SIZE;
-#pragma unroll
-  for (int o = RLK_WARP_SIZE / 2; o > 0; o >>= 1) v = op(v, shfl_xor(v, o));
+  v = warp_reduce(v, op);
   const int warp = threadIdx.x / RLK_WARP_SIZE, lane = threadIdx.x % RLK_WARP_SIZE;
   __syncthreads();
   if (lane == 0) scratch[warp] = v;
@@ -102,6 +111,28 @@ __device__ __forceinline__ T block_reduce(T v, T* scratch, Op op) {
 #pragma unroll
   for (int w = 1; w < kWarps; ++w) r = op(r, scratch[w]);
   return r;
+}
+
+// block_reduce's sum over N values at once, in the same fixed order, with one pair of barriers
+// for all of them. `scratch` holds N values per warp. Every thread gets the N sums in `v`.
+template <int THREADS, int N, typename T>
+__device__ __forceinline__ void block_sum_array(T (&v)[N], T* scratch) {
+  constexpr int kWarps = THREADS / RLK_WARP_SIZE;
+#pragma unroll
+  for (int k = 0; k < N; ++k) v[k] = warp_reduce(v[k], SumOp{});
+  const int warp = threadIdx.x / RLK_WARP_SIZE, lane = threadIdx.x % RLK_WARP_SIZE;
+  __syncthreads();
+  if (lane == 0)
+#pragma unroll
+    for (int k = 0; k < N; ++k) scratch[warp * N + k] = v[k];
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    T r = scratch[k];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) r += scratch[w * N + k];
+    v[k] = r;
+  }
 }
 
 template <int THREADS, typename T>

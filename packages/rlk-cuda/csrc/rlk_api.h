@@ -47,6 +47,7 @@ struct LogpColsArgs {
   float* lse;             // [N] (merge)
 };
 
+constexpr int64_t kGroupAdvChunk = 2048;  // ids per flag of the ordering check
 struct GroupAdvArgs {
   const float* rewards;     // [N]
   const int64_t* group_ids; // [N] in [0, num_groups)
@@ -54,6 +55,7 @@ struct GroupAdvArgs {
   bool normalize_std, leave_one_out;
   float eps;
   float* out;               // [N]
+  int* ordered_chunks;      // [ceil(N / kGroupAdvChunk)] scratch
 };
 
 struct LogpBwdArgs {
@@ -88,14 +90,48 @@ struct SampleArgs {
   float* processed_logp;  // [B]
 };
 
+// policy_loss: all [B, T] tensors are float32 and contiguous (row b starts at b * T).
+constexpr int kPolicyLossRowStats = 6;  // float64 scratch per sequence: rows is [B, 6]
+struct PolicyLossArgs {
+  const float* logp;          // [B, T]
+  const float* old_logp;      // [B, T]
+  const float* advantages;    // [B], or [B, T] when adv_per_token
+  const float* mask;          // [B, T], 0 or 1
+  const float* ref_logp;      // [B, T] or nullptr (no KL)
+  const float* rollout_logp;  // [B, T] or nullptr (no TIS weight)
+  int64_t B, T;
+  bool adv_per_token;
+  float ratio_low, ratio_high;  // 1 - clip_low, 1 + clip_high
+  float dual_clip;              // > 1, or 0 for none
+  float kl_coef;
+  int kl_estimator;             // 1, 2, 3 (k1, k2, k3)
+  bool sequence_ratio;          // GSPO
+  int agg;                      // index into token-mean, seq-mean-token-mean,
+                                // seq-mean-token-sum, seq-mean-token-sum-norm
+  float tis_cap;                // > 0, or 0 for none
+  double* rows;                 // [B, kPolicyLossRowStats] scratch
+  float* loss;                  // forward: 0-d
+  float* metrics;               // forward: [4]
+  const float* grad_loss;       // backward: 0-d upstream gradient
+  float* grad;                  // backward: [B, T]
+};
+
 // `stream` is a cudaStream_t (hipStream_t) passed as an opaque pointer.
 const char* select_device(int device);
 int logp_forward_segments(int64_t V);  // row segments of the forward (depends on V only)
 const char* logp_forward(const LogpFwdArgs& a, void* stream);
+// The same forward through Hopper's bulk copy engine (logp_tma.cu): always split in
+// logp_forward_tma_segments(V) segments (a.partial required); runs on sm_90 devices only and
+// exists only when the build has sm_90a code (logp_tma_built()).
+bool logp_tma_built();
+int logp_forward_tma_segments(int64_t V);
+const char* logp_forward_tma(const LogpFwdArgs& a, void* stream);
 const char* logp_backward(const LogpBwdArgs& a, void* stream);
 const char* logp_cols_partial(const LogpColsArgs& a, void* stream);
 const char* logp_cols_merge(const LogpColsArgs& a, void* stream);
 const char* group_advantages(const GroupAdvArgs& a, void* stream);
 const char* sample(const SampleArgs& a, void* stream);
+const char* policy_loss_forward(const PolicyLossArgs& a, void* stream);
+const char* policy_loss_backward(const PolicyLossArgs& a, void* stream);
 
 }  // namespace rlk

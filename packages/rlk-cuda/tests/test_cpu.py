@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -119,6 +121,7 @@ def test_registration() -> None:
         "linear_logp",
         "linear_logp_entropy",
         "group_advantages",
+        "policy_loss",
     )
     registry = Registry(ops)
     plugin.rlk_register(registry)
@@ -128,7 +131,7 @@ def test_registration() -> None:
     for op in ops:
         (kernel,) = registry.kernels[op]
         assert kernel.devices == ("cuda",)
-        want = (torch.float32,) if op == "group_advantages" else plugin.DTYPES
+        want = plugin.FLOAT32 if op in ("group_advantages", "policy_loss") else plugin.DTYPES
         assert kernel.dtypes == want
     assert "batch_invariant" in registry.kernels["logp"][0].properties
     assert registry.kernels["logp"][0].backward_target == "rlk_cuda.logp:backward"
@@ -142,12 +145,18 @@ def test_registration_skips_ops_core_does_not_define() -> None:
     assert [k.op for ks in registry.kernels.values() for k in ks] == ["logp"]
 
 
-def test_linear_check_rejects_vocabulary_parallel_for_now() -> None:
+def test_linear_group_on_cpu_tensors_fails_before_any_collective() -> None:
+    """A CPU call names the device problem; the group (not even a real one) is never used."""
     hidden, weight = torch.randn(2, 4), torch.randn(8, 4)
     tokens = torch.zeros(2, dtype=torch.int64)
-    assert linear.check(hidden, weight, tokens, None, 1.0, -100) is None
-    reason = linear.check(hidden, weight, tokens, None, 1.0, -100, group=object())
-    assert reason is not None and "group=" in reason
+    group: Any = object()
+    with pytest.raises((RuntimeError, ValueError), match="CUDA"):
+        linear.forward(hidden, weight, tokens, None, 1.0, -100, True, group)
+    zeros, wanted = torch.zeros(2), (True, True, False)
+    with pytest.raises((RuntimeError, ValueError), match="CUDA"):
+        linear.backward(
+            zeros, None, hidden, weight, tokens, None, 1.0, -100, group, zeros, None, wanted
+        )
 
 
 def test_chunk_budget_must_be_positive(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -73,3 +73,44 @@ def test_deterministic() -> None:
     a = forward(rewards, ids, 300, "std", "mean", 1e-6)
     b = forward(rewards, ids, 300, "std", "mean", 1e-6)
     assert torch.equal(a, b)
+
+
+def _check(rewards: torch.Tensor, ids: torch.Tensor, groups: int) -> None:
+    for normalize, baseline in (("std", "mean"), ("none", "loo")):
+        with poisoned_allocations():
+            got = forward(rewards, ids, groups, normalize, baseline, 1e-6)
+        want = _reference(rewards, ids, groups, normalize, baseline, 1e-6)
+        assert (got.double().cpu() - want).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize(("n", "groups"), [(8192, 512), (8192, 4), (3000, 1), (65536, 4096)])
+def test_consecutive_groups_small_and_large(n: int, groups: int) -> None:
+    """32 lanes per group for small groups, a block per group for large ones."""
+    gen = torch.Generator(device="cuda").manual_seed(groups)
+    rewards = (torch.rand(n, generator=gen, device="cuda") < 0.4).float()
+    rewards += torch.randn(n, generator=gen, device="cuda") * 0.1
+    ids = torch.arange(n, device="cuda") // (n // groups)
+    _check(rewards, ids, groups)
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_consecutive_groups_of_uneven_sizes(large: bool) -> None:
+    """Ordered ids whose runs differ in size (binary search), with an id that has no member."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    sizes = torch.randint(1, 600 if large else 40, (300,), generator=gen, device="cuda")
+    sizes[7] = 0
+    ids = torch.repeat_interleave(torch.arange(300, device="cuda"), sizes)
+    rewards = torch.randn(ids.numel(), generator=gen, device="cuda")
+    _check(rewards, ids, 300)
+
+
+def test_ids_out_of_order_only_across_a_chunk_boundary() -> None:
+    """One swap at the border of two ordering chunks must switch to scanning for members."""
+    from rlk_cuda import _ext
+
+    chunk = _ext.load().GROUP_ADVANTAGES_CHUNK
+    n = 4 * chunk
+    ids = torch.arange(n, device="cuda") // 16
+    ids[[chunk - 1, chunk]] = ids[[chunk, chunk - 1]].clone()  # two groups trade a member
+    rewards = torch.randn(n, device="cuda")
+    _check(rewards, ids, int(ids.max()) + 1)

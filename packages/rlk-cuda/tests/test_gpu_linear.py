@@ -50,11 +50,3 @@ def test_linear_forward_backward(
         scale = max(1.0, float(want.abs().max()))
         gtol = 1e-4 if dtype == torch.float32 else 3e-2
         assert (mine.double() - want).abs().max() < gtol * scale
-
-
-def test_group_is_refused() -> None:
-    x = torch.randn(2, 4, device="cuda")
-    with pytest.raises(NotImplementedError, match="group="):
-        linear.forward(
-            x, x, torch.zeros(2, dtype=torch.int64, device="cuda"), None, 1.0, -100, False, object()
-        )

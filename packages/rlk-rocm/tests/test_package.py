@@ -9,7 +9,9 @@ import rlk_rocm
 from rlk.registry import Registry
 from rlk_rocm import _ext, plugin, probe
 
-OPS = ("logp", "logp_entropy", "sample", "linear_logp", "linear_logp_entropy", "group_advantages")
+OPS = ("logp", "logp_entropy", "sample", "linear_logp", "linear_logp_entropy", "group_advantages",
+       "policy_loss")
+FLOAT32_ONLY = ("group_advantages", "policy_loss")
 
 
 def test_version_and_plugin_api() -> None:
@@ -43,7 +45,7 @@ def test_registration() -> None:
         (kernel,) = registry.kernels[op]
         assert kernel.devices == ("cuda",)
         assert kernel.target.startswith("rlk_rocm.")
-        want = {torch.float32} if op == "group_advantages" else halves
+        want = {torch.float32} if op in FLOAT32_ONLY else halves
         assert kernel.dtypes is not None and set(kernel.dtypes) == want
     assert "batch_invariant" in registry.kernels["logp"][0].properties
     assert registry.kernels["sample"][0].backward_target is None

@@ -1,4 +1,8 @@
-"""The `group_advantages` kernel: one fused launch, deterministic float64 group statistics."""
+"""The `group_advantages` kernel: deterministic float64 group statistics, one team per group.
+
+A warp serves each group when groups are small, a block when they are large; consecutive
+groups (group_size=) are read as runs, ids in any other order by scanning for members.
+"""
 
 from __future__ import annotations
 
@@ -31,7 +35,10 @@ def forward(
     out = torch.empty_like(rewards)
     if rewards.numel() == 0:
         return out
-    _ext.load().group_advantages(
+    ext = _ext.load()
+    chunks = -(-rewards.numel() // ext.GROUP_ADVANTAGES_CHUNK)
+    ordered_chunks = torch.empty(chunks, dtype=torch.int32, device=rewards.device)
+    ext.group_advantages(
         device,
         stream(device),
         ptr(rewards),
@@ -42,5 +49,6 @@ def forward(
         baseline == "loo",
         float(eps),
         ptr(out),
+        ptr(ordered_chunks),
     )
     return out

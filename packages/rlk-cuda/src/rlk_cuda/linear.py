@@ -6,6 +6,10 @@ Backward: vocabulary chunks over all rows. Each chunk's logits are recomputed, t
 kernel overwrites them with their gradient, and two GEMMs consume it: grad_hidden accumulates in
 float32 across chunks, and grad_weight[chunk] comes from one GEMM over all rows (float32
 accumulation inside cuBLAS), so no float32 copy of the weight ever exists.
+
+Vocabulary parallelism (group=): `weight` and `bias` are this rank's slice of the vocabulary.
+Both passes run on the shard with the shard-local token codes of rlk.distributed, whose helpers
+merge the forward statistics across ranks; the backward sums grad_hidden (float32) over ranks.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.distributed as dist
+from rlk import distributed
 from torch import Tensor
 
 from rlk_cuda import _ext
@@ -30,23 +36,6 @@ def chunk_bytes() -> int:
     if value <= 0:
         raise ValueError(f"RLK_CUDA_CHUNK_MB must be > 0, got {raw!r}")
     return int(value * 2**20)
-
-
-def check(
-    hidden: Tensor,
-    weight: Tensor,
-    tokens: Tensor,
-    bias: Tensor | None,
-    temperature: Temperature,
-    ignore_index: int,
-    with_entropy: bool = False,
-    group: object = None,
-    **_: object,
-) -> str | None:
-    """Reasons this backend declines a call (checked on selection-cache misses only)."""
-    if group is not None:
-        return "group= (vocabulary-parallel weights) is not implemented by rlk-cuda yet"
-    return None
 
 
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
@@ -74,13 +63,34 @@ def forward(
     temperature: Temperature,
     ignore_index: int,
     with_entropy: bool,
-    group: object,
+    group: dist.ProcessGroup | None,
 ) -> tuple[Tensor, Tensor | None, Tensor]:
-    """logp (and entropy) of tokens under softmax((hidden @ weight.T + bias) / T)."""
-    if group is not None:
-        raise NotImplementedError(
-            check(hidden, weight, tokens, bias, temperature, ignore_index, group=group)
-        )
+    """logp (and entropy) of tokens under softmax((hidden @ weight.T + bias) / T).
+
+    With `group`, the softmax spans every rank's shard: the shard's statistics (at local token
+    codes, never ignored: the merge applies ignore_index to the global tokens) are merged.
+    """
+    device_of("hidden", hidden)  # before any collective: a CPU call fails here, on every rank
+    if group is None:
+        return _shard_forward(hidden, weight, tokens, bias, temperature, ignore_index, with_entropy)
+    shard = distributed.layout(weight.shape[0], group, hidden.device)
+    codes, owned = distributed.forward_tokens(tokens.to(torch.int64), shard)
+    picked, entropy, lse = _shard_forward(
+        hidden, weight, codes, bias, temperature, distributed.KERNEL_IGNORE, with_entropy
+    )
+    return distributed.merge(lse, entropy, picked, owned, tokens, shard, ignore_index, group)
+
+
+def _shard_forward(
+    hidden: Tensor,
+    weight: Tensor,
+    tokens: Tensor,
+    bias: Tensor | None,
+    temperature: Temperature,
+    ignore_index: int,
+    with_entropy: bool,
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """(logp, entropy, lse) over the vocabulary `weight` holds; tokens index that vocabulary."""
     num, vocab = hidden.shape[0], weight.shape[0]
     device = hidden.device
     logp = f32_empty(num, device=device)
@@ -177,16 +187,59 @@ def backward(
     bias: Tensor | None,
     temperature: Temperature,
     ignore_index: int,
-    group: object,
+    group: dist.ProcessGroup | None,
     lse: Tensor,
     entropy: Tensor | None,
     needs_input_grad: tuple[bool, bool, bool],
 ) -> tuple[Tensor | None, ...]:
-    """Gradients to (hidden, weight, bias), vocabulary chunk by vocabulary chunk."""
+    """Gradients to (hidden, weight, bias), vocabulary chunk by vocabulary chunk.
+
+    With `group`, `lse` and `entropy` are the merged (global) ones, so each shard's logits
+    gradient is exact on its own. Tokens become rlk.distributed.backward_tokens codes: a token
+    another rank owns points at the column just past the shard (core pads the logits with a
+    -inf column there), so such rows get the softmax term and no one-hot term; the kernel needs
+    no padding, only vocab_total = shard + 1 so that this code counts as in range.
+    """
+    device_of("hidden", hidden)  # before any collective: a CPU call fails here, on every rank
+    codes, kernel_ignore, vocab_total = tokens, ignore_index, weight.shape[0]
     if group is not None:
-        raise NotImplementedError(
-            check(hidden, weight, tokens, bias, temperature, ignore_index, group=group)
-        )
+        shard = distributed.layout(weight.shape[0], group, hidden.device)
+        codes = distributed.backward_tokens(tokens.to(torch.int64), shard, ignore_index)
+        kernel_ignore, vocab_total = distributed.KERNEL_IGNORE, shard.local + 1
+    grad_h, grad_w, grad_b = _shard_backward(
+        grad_logp,
+        grad_entropy,
+        hidden,
+        weight,
+        codes,
+        bias,
+        temperature,
+        kernel_ignore,
+        vocab_total,
+        lse,
+        entropy,
+        needs_input_grad,
+    )
+    if grad_h is not None and group is not None:
+        dist.all_reduce(grad_h, op=dist.ReduceOp.SUM, group=group)
+    return (None if grad_h is None else grad_h.to(hidden.dtype)), grad_w, grad_b
+
+
+def _shard_backward(
+    grad_logp: Tensor,
+    grad_entropy: Tensor | None,
+    hidden: Tensor,
+    weight: Tensor,
+    tokens: Tensor,
+    bias: Tensor | None,
+    temperature: Temperature,
+    ignore_index: int,
+    vocab_total: int,
+    lse: Tensor,
+    entropy: Tensor | None,
+    needs_input_grad: tuple[bool, bool, bool],
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """(float32 grad_hidden, grad_weight, grad_bias) of the vocabulary `weight` holds."""
     want_h, want_w, want_b = needs_input_grad
     want_b = want_b and bias is not None
     num, vocab = hidden.shape[0], weight.shape[0]
@@ -199,7 +252,7 @@ def backward(
             grad_w.zero_()
         if grad_b is not None:
             grad_b.zero_()
-        return (None if grad_h is None else grad_h.to(hidden.dtype)), grad_w, grad_b
+        return grad_h, grad_w, grad_b
     width = _chunk_width(num, vocab, hidden.element_size(), 1)
     buffer = torch.empty(num * width, dtype=hidden.dtype, device=dev)
     tokens = tokens.to(torch.int64).contiguous()
@@ -223,7 +276,7 @@ def backward(
             temperature,
             ignore_index,
             start,
-            vocab,
+            vocab_total,
         )
         if grad_h is not None:
             _accumulate_grad_hidden(grad_h, logits, w)
@@ -231,4 +284,4 @@ def backward(
             torch.mm(logits.t(), hidden, out=grad_w[start:stop])
         if grad_b is not None:
             grad_b[start:stop] = logits.sum(0, dtype=torch.float32)
-    return (None if grad_h is None else grad_h.to(hidden.dtype)), grad_w, grad_b
+    return grad_h, grad_w, grad_b

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlk_cuda import _ext
+from rlk_cuda import _ext, logp_path
 from rlk_cuda._launch import device_of, dtype_code, f32_empty, ptr, rows_major, same_device, stream
 
 Temperature = float | Tensor
@@ -33,7 +33,11 @@ def launch_forward(
     lse: Tensor | None,
     stats: Tensor | None,
 ) -> None:
-    """Run the forward kernel into caller-provided float32 outputs (None skips an output)."""
+    """Run the forward kernel into caller-provided float32 outputs (None skips an output).
+
+    RLK_CUDA_LOGP_FORWARD picks the kernel (rlk_cuda.logp_path); the sampler's statistics pass
+    comes through here too, so its logp keeps matching this forward bit for bit.
+    """
     device = device_of("logits", logits)
     code = dtype_code("logits", logits)
     logits = rows_major(logits)
@@ -47,9 +51,12 @@ def launch_forward(
         same_device("rows", rows, device)
         rows = rows.to(torch.int64).contiguous()
     ext = _ext.load()
-    segments = int(ext.logp_forward_segments(vocab))
+    tma = logp_path.use_tma(device)
+    segments = int(
+        ext.logp_forward_tma_segments(vocab) if tma else ext.logp_forward_segments(vocab)
+    )
     partial = None
-    if segments > 1:  # scratch for the split rows' partial statistics, from torch's allocator
+    if tma or segments > 1:  # scratch for the rows' partial statistics, from torch's allocator
         partial = torch.empty(count * segments * 3, dtype=torch.float32, device=logits.device)
     ext.logp_forward(
         device,
@@ -72,6 +79,7 @@ def launch_forward(
         ptr(stats),
         segments,
         ptr(partial),
+        tma,
     )
 
 

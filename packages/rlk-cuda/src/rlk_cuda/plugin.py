@@ -29,13 +29,8 @@ KERNELS: dict[str, tuple[str, str | None, tuple[str, ...], tuple[torch.dtype, ..
     "linear_logp": ("rlk_cuda.linear:forward", "rlk_cuda.linear:backward", (), DTYPES),
     "linear_logp_entropy": ("rlk_cuda.linear:forward", "rlk_cuda.linear:backward", (), DTYPES),
     "group_advantages": ("rlk_cuda.advantages:forward", None, (), FLOAT32),
+    "policy_loss": ("rlk_cuda.policy_loss:forward", "rlk_cuda.policy_loss:backward", (), FLOAT32),
 }
-
-
-def _linear_check(*args: object, **kwargs: object) -> str | None:
-    from rlk_cuda.linear import check
-
-    return check(*args, **kwargs)  # type: ignore[arg-type]
 
 
 @rlk.hookimpl
@@ -52,6 +47,5 @@ def rlk_register(registry: Registry) -> None:
             backward=backward,
             devices=("cuda",),
             dtypes=dtypes,
-            check=_linear_check if op.startswith("linear") else None,
             properties=properties,
         )

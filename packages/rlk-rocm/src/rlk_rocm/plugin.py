@@ -29,14 +29,8 @@ KERNELS: dict[str, tuple[str, str | None, tuple[str, ...], tuple[torch.dtype, ..
     "linear_logp": ("rlk_rocm.linear:forward", "rlk_rocm.linear:backward", (), DTYPES),
     "linear_logp_entropy": ("rlk_rocm.linear:forward", "rlk_rocm.linear:backward", (), DTYPES),
     "group_advantages": ("rlk_rocm.advantages:forward", None, (), FLOAT32),
+    "policy_loss": ("rlk_rocm.policy_loss:forward", "rlk_rocm.policy_loss:backward", (), FLOAT32),
 }
-
-
-def _linear_check(*args: object, **kwargs: object) -> str | None:
-    from rlk_rocm.linear import check
-
-    reason: str | None = check(*args, **kwargs)
-    return reason
 
 
 @rlk.hookimpl
@@ -53,6 +47,5 @@ def rlk_register(registry: Registry) -> None:
             backward=backward,
             devices=("cuda",),
             dtypes=dtypes,
-            check=_linear_check if op.startswith("linear") else None,
             properties=properties,
         )

@@ -4,7 +4,10 @@
 # backends and FlashInfer's GPU tests (their JIT compile included); then the benchmark suite
 # with every peer in the time left. Needs the peer wheels in .whl/ (carry it).
 #   RLK_BENCH_COMMIT=$(git rev-parse HEAD) tools/gpu/full_run.sh
-# Writes report.{json,csv,md}, time/memory/roofline.png and checks.log under $OUT.
+#   RLK_SANITIZE="tests/test_gpu_x.py -k small" tools/gpu/full_run.sh   (also runs those rlk-cuda
+#       tests under compute-sanitizer memcheck and racecheck, beside the other checks)
+# Writes report.{json,csv,md}, time/memory/roofline.png, checks.log and the test suites' full
+# logs under $OUT.
 set -uo pipefail
 start=$(date +%s)
 budget="${RLK_GPU_BUDGET:-540}"
@@ -28,13 +31,22 @@ say "checks in parallel"
 kit() { (cd "$(mktemp -d)" && "$PY" -m pytest -q -p no:cacheprovider --pyargs rlk.testing \
   --rlk-backend "$1" 2>&1 | tail -12); }
 (cd packages/rlk-cuda && timeout 300 "$PY" -m pytest -q -p no:cacheprovider tests 2>&1 \
-  | tail -12) >/tmp/cuda-tests.log &
+  | tee "$OUT/cuda-tests-full.log" | tail -12) >/tmp/cuda-tests.log &
 (timeout 300 bash -c "$(declare -f kit); PY=$PY; kit cuda") >/tmp/kit-cuda.log &
 (timeout 330 "$PY" -m pytest -q -p no:cacheprovider -m gpu packages/rlk-flashinfer/tests 2>&1 \
-  | tail -12; timeout 120 bash -c "$(declare -f kit); PY=$PY; kit flashinfer") \
+  | tee "$OUT/flashinfer-tests-full.log" | tail -12; timeout 120 bash -c "$(declare -f kit); PY=$PY; kit flashinfer") \
   >/tmp/flashinfer.log 2>&1 &
+logs="cuda-tests kit-cuda flashinfer"
+if [ -n "${RLK_SANITIZE:-}" ]; then
+  logs="$logs sanitize"
+  (cd packages/rlk-cuda && for tool in memcheck racecheck; do
+     echo "compute-sanitizer --tool $tool: $RLK_SANITIZE"
+     eval "timeout 200 compute-sanitizer --tool $tool --error-exitcode 99 $PY -m pytest -q \
+       -p no:cacheprovider $RLK_SANITIZE" 2>&1 | tail -6
+   done) >/tmp/sanitize.log 2>&1 &
+fi
 wait
-for log in cuda-tests kit-cuda flashinfer; do echo "--- $log"; cat "/tmp/$log.log"; done \
+for log in $logs; do echo "--- $log"; cat "/tmp/$log.log"; done \
   | tee "$OUT/checks.log"
 
 left=$(( budget - ($(date +%s) - start) - 30 ))

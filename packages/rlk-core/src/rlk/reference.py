@@ -178,7 +178,7 @@ def policy_loss(
     ratio = torch.exp(lp - old)
     if ratio_level == "sequence":
         seq = torch.stack([torch.exp((lp[i] - old[i])[keep[i]].mean()) if lengths[i] > 0
-                           else torch.ones((), dtype=f64) for i in range(lp.shape[0])])
+                           else lp.new_ones(()) for i in range(lp.shape[0])])
         ratio = seq.unsqueeze(1).expand_as(lp)
     clipped_ratio = ratio.clamp(1 - clip_low, 1 + clip_high)
     objective = torch.minimum(ratio * adv, clipped_ratio * adv)

@@ -34,7 +34,7 @@ class FakeFlashInfer:
         package = types.ModuleType("flashinfer")
         package.__version__ = self.version  # type: ignore[attr-defined]
         sampling = types.ModuleType("flashinfer.sampling")
-        for name in ("softmax", "top_p_renorm_probs",
+        for name in ("softmax", "top_k_renorm_probs", "top_p_renorm_probs",
                      "sampling_from_probs", "min_p_sampling_from_probs"):
             setattr(sampling, name, getattr(self, name))
         package.sampling = sampling  # type: ignore[attr-defined]
@@ -51,6 +51,13 @@ class FakeFlashInfer:
         _require_contiguous(logits)
         scaled = logits.double() / (1.0 if temperature is None else temperature)
         return torch.softmax(scaled, dim=-1).float()
+
+    def top_k_renorm_probs(self, probs: torch.Tensor, top_k: int) -> torch.Tensor:
+        self._log("top_k_renorm_probs", top_k=top_k)
+        _require_contiguous(probs)
+        assert 0 < top_k < probs.shape[1], top_k
+        kth = probs.topk(top_k, dim=-1).values[:, -1:]
+        return _renorm(probs * (probs >= kth))
 
     def top_p_renorm_probs(self, probs: torch.Tensor, top_p: float,
                            is_deterministic: bool = False) -> torch.Tensor:

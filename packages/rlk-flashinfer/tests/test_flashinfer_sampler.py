@@ -43,11 +43,12 @@ def test_softmax_gets_raw_logits_and_the_temperature(fake: FakeFlashInfer, tempe
     ("top_k", "top_p", "min_p", "expected"),
     [
         (0, 1.0, 0.0, ["softmax", "sampling_from_probs"]),
-        (7, 1.0, 0.0, ["softmax", "sampling_from_probs"]),  # top-k masks the logits first
+        (7, 1.0, 0.0, ["softmax", "top_k_renorm_probs", "sampling_from_probs"]),
         (40, 1.0, 0.0, ["softmax", "sampling_from_probs"]),  # k >= V is no filter
         (0, 0.8, 0.0, ["softmax", "top_p_renorm_probs", "sampling_from_probs"]),
         (0, 1.0, 0.1, ["softmax", "min_p_sampling_from_probs"]),
-        (5, 0.9, 0.05, ["softmax", "top_p_renorm_probs", "min_p_sampling_from_probs"]),
+        (5, 0.9, 0.05, ["softmax", "top_k_renorm_probs", "top_p_renorm_probs",
+                        "min_p_sampling_from_probs"]),
     ],
 )
 def test_filters_map_onto_flashinfer_calls(fake: FakeFlashInfer, top_k: int, top_p: float,
@@ -56,6 +57,8 @@ def test_filters_map_onto_flashinfer_calls(fake: FakeFlashInfer, top_k: int, top
     sample(_logits(3, 40), 1.3, top_k, top_p, min_p, seeds)
     assert fake.names() == expected
     by_name = {call.name: call.kwargs for call in fake.calls}
+    if "top_k_renorm_probs" in by_name:
+        assert by_name["top_k_renorm_probs"]["top_k"] == top_k
     if "top_p_renorm_probs" in by_name:
         assert by_name["top_p_renorm_probs"] == {"top_p": top_p, "is_deterministic": True}
     draw = by_name[expected[-1]]
@@ -63,18 +66,6 @@ def test_filters_map_onto_flashinfer_calls(fake: FakeFlashInfer, top_k: int, top
     assert draw["indices"].tolist() == [0, 1, 2]
     if "min_p_sampling_from_probs" in by_name:
         assert by_name["min_p_sampling_from_probs"]["min_p"] == min_p
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_top_k_masks_the_logits_below_the_kth_keeping_ties(fake: FakeFlashInfer,
-                                                          dtype: torch.dtype):
-    logits = torch.tensor([[0.5, 3.0, 2.0, 2.0, -1.0, 2.0, 1.0]], dtype=dtype)
-    sample(logits, 0.8, 2, 1.0, 0.0, _seeds(1))
-    (softmax_call,) = [call for call in fake.calls if call.name == "softmax"]
-    inf = float("inf")
-    want = torch.tensor([[-inf, 3.0, 2.0, 2.0, -inf, 2.0, -inf]], dtype=dtype)
-    assert torch.equal(softmax_call.args[0], want)  # the 2nd largest, 2.0, and its ties
-    assert torch.equal(logits[0, 0], torch.tensor(0.5, dtype=dtype))  # the input is untouched
 
 
 def test_seed_key_and_slot_reach_flashinfer(fake: FakeFlashInfer):

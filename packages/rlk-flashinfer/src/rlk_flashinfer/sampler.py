@@ -1,13 +1,10 @@
 """The `sample` kernel: FlashInfer draws the token, rlk computes its log-probabilities.
 
 Pipeline per block of rows (temperature > 0), all in float32:
-  logits = logits, -inf below the k-th largest        # when 0 < k < V (torch.topk; ties kept)
   probs = flashinfer softmax(logits, temperature=T)   # the only place T is applied
+  probs = top_k_renorm_probs(probs, k)                # when 0 < k < V
   probs = top_p_renorm_probs(probs, p)                # when p < 1
   token = [min_p_]sampling_from_probs(probs, ...)     # min-p relative to the top token
-Top-k is applied to the logits rather than through FlashInfer's top_k_renorm_probs: on the
-H200 (0.6.8), after calls at V=151936 that function kept a different set than rlk's rule in
-about 20% of the rows of a later V=4096 call, while the same call in a fresh process agreed.
 The kept set (probs > 0 after the filters, and >= min_p * max when min-p is on) gives
 `processed_logp`; `logp` comes from `rlk.logp` itself so that it matches it bit for bit.
 Rows are copied into contiguous blocks of at most 2**26 elements: FlashInfer needs
@@ -120,8 +117,9 @@ def _sample_block(fi: ModuleType, block: torch.Tensor, seeds: Sequence[int], tem
                   top_k: int, top_p: float, min_p: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Filter and draw for one contiguous block of valid rows."""
     vocab = block.shape[1]
-    kept_logits = _top_k_logits(block, top_k) if 0 < top_k < vocab else block
-    probs = fi.softmax(kept_logits, temperature=float(temperature))
+    probs = fi.softmax(block, temperature=float(temperature))
+    if 0 < top_k < vocab:
+        probs = fi.top_k_renorm_probs(probs, int(top_k))
     if top_p < 1.0:
         probs = _top_p_renorm(fi, probs, float(top_p))
     kept = probs > 0
@@ -129,12 +127,6 @@ def _sample_block(fi: ModuleType, block: torch.Tensor, seeds: Sequence[int], tem
         kept &= probs >= probs.amax(dim=-1, keepdim=True) * float(min_p)
     picked = _draw(fi, probs, seeds, min_p)
     return picked, _processed_logp(block, picked, kept, temperature)
-
-
-def _top_k_logits(block: torch.Tensor, top_k: int) -> torch.Tensor:
-    """`block` with -inf below each row's k-th largest logit (ties with it kept), a new tensor."""
-    kth = block.topk(top_k, dim=-1).values[:, -1:]
-    return block.masked_fill(block < kth, -math.inf)
 
 
 def _top_p_renorm(fi: ModuleType, probs: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -41,23 +41,9 @@ namespace rlk {
 struct bf16_t { uint16_t bits; };
 struct f16_t { uint16_t bits; };
 
-__device__ __forceinline__ float shfl_xor(float v, int lane_mask) {
-#if RLK_HIP
-  return __shfl_xor(v, lane_mask);
-#else
-  return __shfl_xor_sync(RLK_FULL_MASK, v, lane_mask);
-#endif
-}
-
-__device__ __forceinline__ int shfl_xor(int v, int lane_mask) {
-#if RLK_HIP
-  return __shfl_xor(v, lane_mask);
-#else
-  return __shfl_xor_sync(RLK_FULL_MASK, v, lane_mask);
-#endif
-}
-
-__device__ __forceinline__ double shfl_xor(double v, int lane_mask) {
+// Butterfly exchange for any type both toolchains shuffle (float, int, double).
+template <typename T>
+__device__ __forceinline__ T shfl_xor(T v, int lane_mask) {
 #if RLK_HIP
   return __shfl_xor(v, lane_mask);
 #else

@@ -1,0 +1,67 @@
+"""Host time against GPU time of the small cuda ops (policy_loss, group_advantages).
+
+Each call is timed on the host (no sync inside the loop) and under torch.profiler for its GPU
+time, once through the rlk_cuda kernel functions and once through the public rlk op, at
+B=64 T=4096 (policy_loss) and N=8192 rewards in groups of 16 (group_advantages).
+  python benchmarks/cuda/small_ops_host_time.py     (needs rlk-cuda and a CUDA device)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+import rlk
+from rlk_cuda import advantages, policy_loss
+
+DEVICE = "cuda"
+OPTIONS = dict(clip_low=0.2, clip_high=0.2, dual_clip=None, kl_coef=0.0, kl_estimator="k3",
+               ratio_level="token", agg="token-mean", tis_cap=None)
+
+
+def report(name: str, call: Callable[[], object], reps: int = 200) -> None:
+    """Print the host time per call, the wall time once drained, and the GPU time per call."""
+    for _ in range(10):
+        call()
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    for _ in range(reps):
+        call()
+    host = (time.perf_counter() - began) / reps * 1e3
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - began) / reps * 1e3
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            call()
+        torch.cuda.synchronize()
+    gpu = sum(event.self_device_time_total for event in prof.key_averages()) / 20 / 1e3
+    print(f"{name:40s} host {host:.4f} ms  wall {wall:.4f} ms  gpu {gpu:.4f} ms")
+
+
+def main() -> None:
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    logp = -torch.rand(64, 4096, device=DEVICE, generator=gen) * 3
+    old = logp + 0.2 * torch.randn(64, 4096, device=DEVICE, generator=gen)
+    adv = torch.randn(64, device=DEVICE, generator=gen)
+    mask = (torch.rand(64, 4096, device=DEVICE, generator=gen) > 0.2).float()
+    upstream = torch.ones((), device=DEVICE)
+    report("kernel policy_loss fwd",
+           lambda: policy_loss.forward(logp, old, adv, mask, None, None, **OPTIONS))
+    report("kernel policy_loss bwd",
+           lambda: policy_loss.backward(upstream, logp, old, adv, mask, None, None, **OPTIONS))
+    leaf = logp.clone().requires_grad_()
+    rewards = torch.randn(8192, device=DEVICE)
+    ids = torch.arange(8192, device=DEVICE) // 16
+    report("kernel group_advantages",
+           lambda: advantages.forward(rewards, ids, 512, "std", "mean", 1e-6))
+    with rlk.use_backends("cuda"):
+        report("rlk.policy_loss fwd", lambda: rlk.policy_loss(logp, old, adv, mask))
+        report("rlk.policy_loss fwd+bwd",
+               lambda: torch.autograd.grad(rlk.policy_loss(leaf, old, adv, mask)[0], leaf))
+        report("rlk.group_advantages", lambda: rlk.group_advantages(rewards, group_size=16))
+
+
+if __name__ == "__main__":
+    main()

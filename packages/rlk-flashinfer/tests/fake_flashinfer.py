@@ -63,11 +63,13 @@ class FakeFlashInfer:
                            is_deterministic: bool = False) -> torch.Tensor:
         self._log("top_p_renorm_probs", top_p=top_p, is_deterministic=is_deterministic)
         _require_contiguous(probs)
-        ordered, order = probs.double().sort(dim=-1, descending=True)
+        # Like FlashInfer's radix top-p: find the value at which the descending cumulative
+        # mass reaches top_p and keep every entry >= it, so ties at the boundary stay together.
+        ordered = probs.double().sort(dim=-1, descending=True).values
         before = ordered.cumsum(dim=-1) - ordered
-        keep_sorted = before < top_p
-        keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
-        return _renorm(probs * keep)
+        last = (before < top_p).sum(dim=-1, keepdim=True) - 1
+        threshold = ordered.gather(1, last.clamp(min=0)).to(probs.dtype)
+        return _renorm(probs * (probs >= threshold))
 
     def sampling_from_probs(self, probs: torch.Tensor, indices: torch.Tensor | None = None,
                             deterministic: bool = True, generator: Any = None,

@@ -1,30 +1,10 @@
-"""Statistics shared by the CPU and GPU tests: float64 references and a chi-square test."""
+"""The chi-square test shared by the CPU and GPU tests (the float64 reference is rlk.reference)."""
 
 from __future__ import annotations
 
 import math
 
 import torch
-
-
-def truncated_reference(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
-                        min_p: float) -> torch.Tensor:
-    """float64 distribution after temperature, top-k, top-p, min-p (in that order), renormalised."""
-    probs = torch.softmax(logits.double() / temperature, dim=-1)
-    vocab = probs.shape[-1]
-    if 0 < top_k < vocab:
-        kth = probs.topk(top_k, dim=-1).values[..., -1:]
-        probs = probs * (probs >= kth)
-        probs = probs / probs.sum(-1, keepdim=True)
-    if top_p < 1.0:
-        ordered, order = probs.sort(dim=-1, descending=True)
-        keep = (ordered.cumsum(-1) - ordered) < top_p
-        probs = probs * torch.zeros_like(keep).scatter(-1, order, keep)
-        probs = probs / probs.sum(-1, keepdim=True)
-    if min_p > 0.0:
-        probs = probs * (probs >= probs.amax(-1, keepdim=True) * min_p)
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs
 
 
 def chi_square(tokens: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:

@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 import torch
 from fake_flashinfer import FakeFlashInfer
-from flashinfer_stats import chi_square, chi_square_critical, truncated_reference
+from flashinfer_stats import chi_square, chi_square_critical
 
 import rlk
+from rlk import reference
 from rlk_flashinfer import sampler
 from rlk_flashinfer.sampler import sample
 from rlk_flashinfer.seeds import SLOTS, split_seed
@@ -108,7 +109,7 @@ def test_top_k_frequencies_follow_the_truncated_distribution(fake: FakeFlashInfe
     draws = 3000
     seeds = torch.arange(draws, dtype=torch.int64)
     tokens, _, _ = sample(logits.expand(draws, -1), 1.7, 4, 1.0, 0.0, seeds)
-    expected = truncated_reference(logits, 1.7, 4, 1.0, 0.0)[0]
+    expected = reference.sample_log_probs(logits, temperature=1.7, top_k=4)[0].exp()
     assert set(tokens.tolist()) <= set(expected.nonzero()[:, 0].tolist())
     statistic, dof = chi_square(tokens, expected)
     assert statistic < chi_square_critical(dof)
@@ -127,10 +128,23 @@ def test_logp_is_rlk_logp_and_processed_matches_reference(fake: FakeFlashInfer, 
     tokens, logp, processed = sample(logits, temperature, top_k, top_p, min_p, _seeds(64))
     assert tokens.dtype == torch.int64 and logp.dtype == processed.dtype == torch.float32
     assert torch.equal(logp, rlk.logp(logits, tokens, temperature=temperature))
-    truncated = truncated_reference(logits, temperature, top_k, top_p, min_p)
-    chosen = truncated.gather(1, tokens[:, None])[:, 0]
-    assert bool((chosen > 0).all()), "a token outside the kept set was drawn"
-    torch.testing.assert_close(processed.double(), chosen.log(), rtol=0, atol=2e-5)
+    log_q = reference.sample_log_probs(logits, temperature=temperature, top_k=top_k,
+                                       top_p=top_p, min_p=min_p)
+    chosen = log_q.gather(1, tokens[:, None])[:, 0]
+    assert bool(chosen.isfinite().all()), "a token outside the kept set was drawn"
+    torch.testing.assert_close(processed.double(), chosen, rtol=0, atol=2e-5)
+
+
+def test_ties_at_the_top_p_boundary_are_kept_together(fake: FakeFlashInfer):
+    # probs 0.52, 0.19, 0.19, 0.07, 0.03: mass before token 1 is below 0.6, so the nucleus
+    # ends at token 1's value and token 2, tied with it, belongs to it as well.
+    logits = torch.tensor([[2.0, 1.0, 1.0, 0.0, -1.0]])
+    draws = 400
+    tokens, _, processed = sample(logits.expand(draws, -1), 1.0, 0, 0.6, 0.0,
+                                  torch.arange(draws, dtype=torch.int64))
+    assert set(tokens.tolist()) == {0, 1, 2}
+    log_q = reference.sample_log_probs(logits, top_p=0.6)[0]
+    torch.testing.assert_close(processed.double(), log_q[tokens], rtol=0, atol=2e-6)
 
 
 def test_rows_without_a_valid_token(fake: FakeFlashInfer):

@@ -135,6 +135,14 @@ def test_logp_is_rlk_logp_and_processed_matches_reference(fake: FakeFlashInfer, 
     torch.testing.assert_close(processed.double(), chosen, rtol=0, atol=2e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_without_filters_processed_logp_is_logp(fake: FakeFlashInfer, dtype):
+    logits = _logits(32, 50, seed=4, dtype=dtype)
+    tokens, logp, processed = sample(logits, 1.3, 0, 1.0, 0.0, _seeds(32))
+    assert bool((tokens >= 0).all())
+    assert torch.equal(processed, logp)
+
+
 def test_ties_at_the_top_p_boundary_are_kept_together(fake: FakeFlashInfer):
     # probs 0.52, 0.19, 0.19, 0.07, 0.03: mass before token 1 is below 0.6, so the nucleus
     # ends at token 1's value and token 2, tied with it, belongs to it as well.

@@ -1,12 +1,15 @@
 """The `sample` kernel: FlashInfer draws the token, rlk computes its log-probabilities.
 
 Pipeline per block of rows (temperature > 0), all in float32:
-  probs = flashinfer softmax(logits, temperature=T)   # the only place T is applied
-  probs = top_k_renorm_probs(probs, k)                # when 0 < k < V
-  probs = top_p_renorm_probs(probs, p)                # when p < 1
-  token = [min_p_]sampling_from_probs(probs, ...)     # min-p relative to the top token
-The kept set (probs > 0 after the filters, and >= min_p * max when min-p is on) gives
-`processed_logp`; `logp` comes from `rlk.logp` itself so that it matches it bit for bit.
+  softmax = flashinfer softmax(logits, temperature=T)  # the only place T is applied
+  probs = top_k_renorm_probs(softmax, k)               # when 0 < k < V
+  probs = top_p_renorm_probs(probs, p)                 # when p < 1
+  token = [min_p_]sampling_from_probs(probs, ...)      # min-p relative to the top token
+`logp` comes from `rlk.logp` itself so that it matches it bit for bit, and
+`processed_logp = logp - log(mass of the kept set under softmax)`. At any token the
+filters kept, softmax / probs is the mass of the top-k/top-p set (FlashInfer renormalised
+probs by it), so the mass costs a gather; min-p multiplies in the share of `probs` at or
+above its threshold, one masked sum. No filter: processed_logp equals logp exactly.
 Rows are copied into contiguous blocks of at most 2**26 elements: FlashInfer needs
 contiguous rows and indexes them with 32-bit row * vocab products.
 """
@@ -41,17 +44,21 @@ def sample(
     check_arguments(logits, temperature, top_k, top_p, min_p, seeds)
     batch, _vocab = logits.shape
     tokens = torch.full((batch,), -1, dtype=torch.int64, device=logits.device)
-    processed = torch.full((batch,), math.nan, dtype=torch.float32, device=logits.device)
+    log_mass = torch.full((batch,), math.nan, dtype=torch.float64, device=logits.device)
     if batch > 0:
         # amax is NaN for a row holding NaN, +inf for one holding +inf, -inf for all -inf.
         valid = torch.isfinite(logits.amax(dim=-1))
         if temperature == 0.0:
             tokens = torch.where(valid, logits.argmax(dim=-1), tokens)
-            processed = torch.where(valid, torch.zeros_like(processed), processed)
         else:
             _sample_rows(library.load_sampling(), logits, valid, temperature, top_k, top_p,
-                         min_p, seeds, tokens, processed)
-    return tokens, drawn_logp(logits, tokens, temperature), processed
+                         min_p, seeds, tokens, log_mass)
+    logp = drawn_logp(logits, tokens, temperature)
+    if temperature == 0.0:
+        processed = torch.where(tokens >= 0, 0.0, math.nan).to(torch.float32)
+    else:
+        processed = (logp.double() - log_mass).to(torch.float32)
+    return tokens, logp, processed
 
 
 def check_arguments(logits: object, temperature: object, top_k: object, top_p: object,
@@ -93,8 +100,8 @@ def _integer(name: str, value: object) -> int:
 
 def _sample_rows(fi: ModuleType, logits: torch.Tensor, valid: torch.Tensor, temperature: float,
                  top_k: int, top_p: float, min_p: float, seeds: torch.Tensor,
-                 tokens: torch.Tensor, processed: torch.Tensor) -> None:
-    """Sample every valid row in contiguous blocks, writing into `tokens` and `processed`."""
+                 tokens: torch.Tensor, log_mass: torch.Tensor) -> None:
+    """Sample every valid row in contiguous blocks, writing into `tokens` and `log_mass`."""
     batch, vocab = logits.shape
     every_row = bool(valid.all())
     rows = torch.arange(batch, device=logits.device) if every_row else valid.nonzero()[:, 0]
@@ -106,27 +113,39 @@ def _sample_rows(fi: ModuleType, logits: torch.Tensor, valid: torch.Tensor, temp
             block = logits[start:start + part.numel()].contiguous()
         else:
             block = logits.index_select(0, part)
-        picked, block_processed = _sample_block(
+        picked, block_log_mass = _sample_block(
             fi, block, host_seeds[start:start + per_block], temperature, top_k, top_p, min_p
         )
         tokens[part] = picked
-        processed[part] = block_processed
+        log_mass[part] = block_log_mass
 
 
 def _sample_block(fi: ModuleType, block: torch.Tensor, seeds: Sequence[int], temperature: float,
                   top_k: int, top_p: float, min_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Filter and draw for one contiguous block of valid rows."""
+    """Filter and draw for one contiguous block of valid rows: (tokens, log of the kept mass)."""
     vocab = block.shape[1]
-    probs = fi.softmax(block, temperature=float(temperature))
+    softmax = fi.softmax(block, temperature=float(temperature))
+    probs = softmax
     if 0 < top_k < vocab:
         probs = fi.top_k_renorm_probs(probs, int(top_k))
     if top_p < 1.0:
         probs = _top_p_renorm(fi, probs, float(top_p))
-    kept = probs > 0
-    if min_p > 0.0:
-        kept &= probs >= probs.amax(dim=-1, keepdim=True) * float(min_p)
     picked = _draw(fi, probs, seeds, min_p)
-    return picked, _processed_logp(block, picked, kept, temperature)
+    return picked, _kept_log_mass(softmax, probs, picked, min_p)
+
+
+def _kept_log_mass(softmax: torch.Tensor, probs: torch.Tensor, picked: torch.Tensor,
+                   min_p: float) -> torch.Tensor:
+    """log of the kept set's mass under `softmax`, float64 per row (see the module notes)."""
+    at = picked[:, None]
+    ratio = softmax.gather(1, at).double() / probs.gather(1, at).double()
+    log_mass = ratio[:, 0].log()
+    if min_p > 0.0:
+        # the threshold FlashInfer's min-p sampler applies to `probs`, in float32 as it does
+        floor = probs.amax(dim=-1, keepdim=True) * float(min_p)
+        share = torch.where(probs >= floor, probs, 0.0).sum(dim=-1, dtype=torch.float64)
+        log_mass += share.log()
+    return log_mass
 
 
 def _top_p_renorm(fi: ModuleType, probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -151,8 +170,10 @@ def _draw(fi: ModuleType, probs: torch.Tensor, seeds: Sequence[int], min_p: floa
         for start, launch in zip(starts, launches, strict=True)
         for slot in launch.slots
     ]
+    # one host-to-device copy for the launch layouts and the scatter back to rows
+    plan = torch.tensor([*layout, *positions, *rows], dtype=torch.int64).to(probs.device)
+    device_layout, where, row_index = plan.split([len(layout), len(positions), len(rows)])
     drawn = []
-    device_layout = torch.tensor(layout, dtype=torch.int64).to(probs.device)
     for launch, indices in zip(launches, torch.split(device_layout, sizes), strict=True):
         if min_p > 0.0:
             out = fi.min_p_sampling_from_probs(probs, float(min_p), indices=indices,
@@ -162,14 +183,5 @@ def _draw(fi: ModuleType, probs: torch.Tensor, seeds: Sequence[int], min_p: floa
                                          seed=launch.key, offset=0)
         drawn.append(out.to(torch.int64))
     picked = torch.empty(probs.shape[0], dtype=torch.int64, device=probs.device)
-    where = torch.tensor(positions, dtype=torch.int64).to(probs.device)
-    picked[torch.tensor(rows, dtype=torch.int64).to(probs.device)] = torch.cat(drawn)[where]
+    picked[row_index] = torch.cat(drawn)[where]
     return picked
-
-
-def _processed_logp(block: torch.Tensor, picked: torch.Tensor, kept: torch.Tensor,
-                    temperature: float) -> torch.Tensor:
-    """log q(token), q = softmax(logits / T) restricted to the kept set and renormalised."""
-    scaled = block.float() / temperature
-    kept_lse = torch.logsumexp(scaled.masked_fill(~kept, -math.inf), dim=-1)
-    return scaled.gather(1, picked[:, None])[:, 0] - kept_lse

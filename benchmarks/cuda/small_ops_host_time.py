@@ -3,11 +3,16 @@
 Each call is timed on the host (no sync inside the loop) and under torch.profiler for its GPU
 time, once through the rlk_cuda kernel functions and once through the public rlk op, at
 B=64 T=4096 (policy_loss) and N=8192 rewards in groups of 16 (group_advantages).
-  python benchmarks/cuda/small_ops_host_time.py     (needs rlk-cuda and a CUDA device)
+`--profile` adds a cProfile of rlk.policy_loss forward+backward, by own time: where the
+host time of the public op goes.
+  python benchmarks/cuda/small_ops_host_time.py [--profile]   (needs rlk-cuda and a CUDA device)
 """
 
 from __future__ import annotations
 
+import argparse
+import cProfile
+import pstats
 import time
 from collections.abc import Callable
 
@@ -41,6 +46,9 @@ def report(name: str, call: Callable[[], object], reps: int = 200) -> None:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", action="store_true", help="cProfile the fwd+bwd loop")
+    profile = parser.parse_args().profile
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     logp = -torch.rand(64, 4096, device=DEVICE, generator=gen) * 3
     old = logp + 0.2 * torch.randn(64, 4096, device=DEVICE, generator=gen)
@@ -58,9 +66,20 @@ def main() -> None:
            lambda: advantages.forward(rewards, ids, 512, "std", "mean", 1e-6))
     with rlk.use_backends("cuda"):
         report("rlk.policy_loss fwd", lambda: rlk.policy_loss(logp, old, adv, mask))
+        report("rlk.policy_loss fwd, logp requires grad",
+               lambda: rlk.policy_loss(leaf, old, adv, mask))
         report("rlk.policy_loss fwd+bwd",
                lambda: torch.autograd.grad(rlk.policy_loss(leaf, old, adv, mask)[0], leaf))
         report("rlk.group_advantages", lambda: rlk.group_advantages(rewards, group_size=16))
+        if profile:
+            profiler = cProfile.Profile()
+            profiler.runcall(lambda: [
+                torch.autograd.grad(rlk.policy_loss(leaf, old, adv, mask)[0], leaf)
+                for _ in range(200)
+            ])
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+    bare = torch.ones((), device=DEVICE, requires_grad=True)
+    report("torch.autograd.grad of 2 * x (0-d)", lambda: torch.autograd.grad(bare * 2, bare))
 
 
 if __name__ == "__main__":

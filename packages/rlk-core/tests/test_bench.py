@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import rlk
-from rlk.bench import checks, plots, workloads
+from rlk.bench import checks, metadata, plots, workloads
 from rlk.bench.options import Options
 from rlk.bench.row import Row
 from rlk.bench.workload import Blocked, Peer
@@ -309,3 +309,10 @@ def test_seed_entry_points(script: str, tmp_path: Path) -> None:
     assert {r["impl"]: r["status"] for r in report["rows"]} == {"rlk:native": "pass",
                                                                 "eager": "pass"}
     assert (out / "report.csv").exists() and (out / "report.md").exists()
+
+
+def test_a_named_commit_wins_over_a_copied_git_tree(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLK_BENCH_COMMIT", "0123abc")
+    assert metadata.commit() == {"sha": "0123abc", "dirty": None}
+    monkeypatch.delenv("RLK_BENCH_COMMIT")
+    assert metadata.commit()["sha"] != "0123abc"

@@ -9,6 +9,7 @@ import torch
 
 import rlk
 from rlk import reference
+from rlk.ops import sample as sample_op
 
 GEN = torch.Generator().manual_seed(23)
 
@@ -207,3 +208,12 @@ def test_large_vocabulary_never_samples_outside_the_support():
     log_q = reference.sample_log_probs(logits, temperature=1.0, top_k=50, top_p=0.9, min_p=0.0)
     assert bool((log_q.gather(1, tokens.unsqueeze(1)) > -torch.inf).all())
     assert bool(torch.isfinite(processed).all())
+
+
+def test_default_row_seeds_share_their_high_bits_in_runs_of_64():
+    # FlashInfer keys one launch by a seed's high 58 bits: default seeds must not need a
+    # launch per row, and still be distinct per row and fresh per call.
+    first = sample_op._seeds(None, (130,), torch.device("cpu"))
+    assert first.unique().numel() == 130
+    assert (first >> 6).unique().numel() == 3
+    assert not torch.equal(first, sample_op._seeds(None, (130,), torch.device("cpu")))

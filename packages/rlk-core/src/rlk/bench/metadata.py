@@ -26,14 +26,18 @@ def _git(where: Path, *args: str) -> str | None:
 
 
 def commit() -> dict[str, Any]:
-    """The commit measured: git in the working directory, else beside this file, else the
-    RLK_BENCH_COMMIT variable (for copies of a tree without .git); dirty: uncommitted changes."""
+    """The commit measured: the RLK_BENCH_COMMIT variable when set (a copied tree may carry a
+    stale .git), else git in the working directory, else beside this file; dirty: uncommitted
+    changes (unknown for the variable)."""
+    named = os.environ.get("RLK_BENCH_COMMIT")
+    if named:
+        return {"sha": named, "dirty": None}
     for where in (Path.cwd(), Path(__file__).resolve().parent):
         sha = _git(where, "rev-parse", "HEAD")
         if sha:
             status = _git(where, "status", "--porcelain", "--untracked-files=no")
             return {"sha": sha, "dirty": bool(status) if status is not None else None}
-    return {"sha": os.environ.get("RLK_BENCH_COMMIT") or None, "dirty": None}
+    return {"sha": None, "dirty": None}
 
 
 def device_info(device: torch.device) -> dict[str, Any]:

@@ -42,10 +42,10 @@ def _mix64(value: int) -> int:
 
 
 def _seeds(seed: int | Tensor | None, lead: tuple[int, ...], device: torch.device) -> Tensor:
-    """One int64 seed per row: given, derived from an int seed, or drawn from torch's RNG."""
-    rows = math.prod(lead)
-    if seed is None:
-        return torch.randint(0, 2**62, (rows,), dtype=torch.int64, device=device)
+    """One int64 seed per row: given, derived from an int seed, or derived from one base drawn
+    from torch's generator on the device (so CUDA graphs and torch.compile keep drawing fresh
+    ones). Derived row seeds differ only in their low bits, which backends whose RNG takes one
+    key per launch (FlashInfer) serve in a few launches instead of one per row."""
     if isinstance(seed, Tensor):
         validate.tensor("seed", seed, (torch.int64,))
         validate.shape("seed", seed, lead, " (one seed per row of logits)")
@@ -53,10 +53,14 @@ def _seeds(seed: int | Tensor | None, lead: tuple[int, ...], device: torch.devic
             raise ValueError(f"seed is on {seed.device} but logits is on {device}; "
                              "move them to one device")
         return seed.reshape(-1)
-    if isinstance(seed, bool) or not isinstance(seed, int):
+    base: int | Tensor
+    if seed is None:
+        base = torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device)
+    elif isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be None, an int or an int64 tensor, got {type(seed).__name__}")
-    # row r of an int seed s gets mix(s) xor r: reproducible, and unrelated to seed s + 1
-    return torch.arange(rows, dtype=torch.int64, device=device) ^ _mix64(seed)
+    else:
+        base = _mix64(seed)  # unrelated to the base of seed s + 1
+    return torch.arange(math.prod(lead), dtype=torch.int64, device=device) ^ base
 
 
 def _prepare(logits: Tensor, temperature: float, top_k: int, top_p: float, min_p: float,

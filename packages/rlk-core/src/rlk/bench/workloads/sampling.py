@@ -42,7 +42,7 @@ def make_inputs(case: Case, dtype: torch.dtype, device: torch.device, seed: int,
     gen = torch.Generator(device=device).manual_seed(seed)
     return {
         "logits": torch.randn(b, v, generator=gen, device=device, dtype=dtype).mul_(2.0),
-        "seeds": torch.randint(0, 2**62, (b,), generator=gen, device=device),
+        "seed": seed,  # an int, as trainers pass it: rlk derives the row seeds
         "check_rows": checks.check_rows(b, device, seed=0),
     }
 
@@ -52,7 +52,7 @@ def rlk_call(backward: bool) -> Call:
 
     def call(x: Inputs) -> Outputs:
         tokens, logp, processed = sample(x["logits"], temperature=TEMPERATURE, top_k=TOP_K,
-                                         top_p=TOP_P, min_p=MIN_P, seed=x["seeds"])
+                                         top_p=TOP_P, min_p=MIN_P, seed=x["seed"])
         return {"tokens": tokens, "logp": logp, "processed_logp": processed}
 
     return call
@@ -125,5 +125,5 @@ SAMPLE = Workload(
     reference=expected, compare=compare, cost=cost,
     peers={"eager": _torch_peer(False), "compile": _torch_peer(True),
            "flashinfer": Peer("flashinfer", _flashinfer, note="tokens only, no log-probs")},
-    doc="rlk.sample: top_k=50, top_p=0.9, temperature 1, per-row seeds; returns logp too")
+    doc="rlk.sample: top_k=50, top_p=0.9, temperature 1, an int seed; returns logp too")
 WORKLOADS = (SAMPLE,)

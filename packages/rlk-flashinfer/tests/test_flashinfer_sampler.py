@@ -91,7 +91,7 @@ def test_greedy_never_calls_flashinfer(fake: FakeFlashInfer):
 
 
 @pytest.mark.parametrize("temperature", [0.5, 1.0, 1.7])
-def test_temperature_frequencies_follow_softmax_of_logits_over_t(fake: FakeFlashInfer, temperature: float):
+def test_temperature_frequencies_follow_softmax_over_t(fake: FakeFlashInfer, temperature: float):
     logits = torch.tensor([[1.5, 0.3, -0.7, 0.9, -2.0, 0.0, 1.1, -0.4]])
     draws = 4000
     seeds = torch.arange(draws, dtype=torch.int64) + 1000

@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import time
 from collections.abc import Callable
 
 import torch
 
 import rlk
+from rlk.bench.timing import host_and_wall_ms
 from rlk_cuda import advantages, policy_loss
 
 DEVICE = "cuda"
@@ -28,15 +28,7 @@ OPTIONS = dict(clip_low=0.2, clip_high=0.2, dual_clip=None, kl_coef=0.0, kl_esti
 
 def report(name: str, call: Callable[[], object], reps: int = 200) -> None:
     """Print the host time per call, the wall time once drained, and the GPU time per call."""
-    for _ in range(10):
-        call()
-    torch.cuda.synchronize()
-    began = time.perf_counter()
-    for _ in range(reps):
-        call()
-    host = (time.perf_counter() - began) / reps * 1e3
-    torch.cuda.synchronize()
-    wall = (time.perf_counter() - began) / reps * 1e3
+    host, wall = host_and_wall_ms(call, reps, torch.device(DEVICE), warmup=10)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(20):
             call()

@@ -10,12 +10,12 @@ wall time the loop drained.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import torch
 
 import rlk
+from rlk.bench.timing import host_and_wall_ms
 from rlk_flashinfer import library, sampler
 
 DEVICE = torch.device("cuda")
@@ -24,15 +24,7 @@ TEMPERATURE, TOP_K, TOP_P = 0.8, 50, 0.95
 
 
 def report(name: str, call: Callable[[], object], reps: int = 20) -> None:
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-    began = time.perf_counter()
-    for _ in range(reps):
-        call()
-    host = (time.perf_counter() - began) / reps * 1e3
-    torch.cuda.synchronize()
-    wall = (time.perf_counter() - began) / reps * 1e3
+    host, wall = host_and_wall_ms(call, reps, DEVICE)
     print(f"{name:44s} host {host:7.3f} ms  wall {wall:7.3f} ms")
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import rlk
-from rlk.bench import checks, metadata, plots, workloads
+from rlk.bench import checks, metadata, plots, timing, workloads
 from rlk.bench.options import Options
 from rlk.bench.row import Row
 from rlk.bench.workload import Blocked, Peer
@@ -316,3 +316,10 @@ def test_a_named_commit_wins_over_a_copied_git_tree(monkeypatch: pytest.MonkeyPa
     assert metadata.commit() == {"sha": "0123abc", "dirty": None}
     monkeypatch.delenv("RLK_BENCH_COMMIT")
     assert metadata.commit()["sha"] != "0123abc"
+
+
+def test_host_and_wall_times_count_every_call() -> None:
+    calls = []
+    host, wall = timing.host_and_wall_ms(lambda: calls.append(1), 7, torch.device("cpu"), warmup=2)
+    assert len(calls) == 9
+    assert 0.0 < host <= wall

@@ -86,3 +86,19 @@ def wall_ms(call: Callable[[], object], device: torch.device) -> tuple[object, f
     result = call()
     synchronize(device)
     return result, (time.perf_counter() - began) * 1e3
+
+
+def host_and_wall_ms(call: Callable[[], object], reps: int, device: torch.device,
+                     warmup: int = 3) -> tuple[float, float]:
+    """Milliseconds per call on the host (no sync inside the loop: the Python and launch
+    cost) and of wall time once the device has drained, for host-bound small ops."""
+    for _ in range(warmup):
+        call()
+    synchronize(device)
+    began = time.perf_counter()
+    for _ in range(reps):
+        call()
+    host = time.perf_counter() - began
+    synchronize(device)
+    wall = time.perf_counter() - began
+    return host / reps * 1e3, wall / reps * 1e3

@@ -50,6 +50,8 @@ def _launch(inputs: tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor 
             grad_loss: Tensor | None = None, grad: Tensor | None = None) -> None:
     logp, old_logp, advantages, mask, ref_logp, rollout_logp = inputs
     device = device_of("logp", logp)
+    if grad_loss is not None:
+        same_device("grad_loss", grad_loss, device)
     if logp.dim() != 2:
         raise ValueError(f"logp must be [B, T]; got shape {tuple(logp.shape)}")
     batch, length = logp.shape
@@ -90,8 +92,6 @@ def backward(grad_loss: Tensor, logp: Tensor, old_logp: Tensor, advantages: Tens
     """d(loss * grad_loss) / d logp, [B, T] float32 (zero at masked tokens)."""
     settings = _settings(clip_low, clip_high, dual_clip, kl_coef, kl_estimator, ratio_level,
                          agg, tis_cap)
-    device = device_of("logp", logp)
-    same_device("grad_loss", grad_loss, device)
     upstream = grad_loss.to(torch.float32).reshape(())
     grad = f32_empty(*logp.shape, device=logp.device)
     _launch((logp, old_logp, advantages, mask, ref_logp, rollout_logp), settings,

@@ -22,6 +22,7 @@ if ! command -v hipcc >/dev/null 2>&1; then
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
     $sudo apt-get update -q
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q hipcc
+    $sudo apt-get clean  # the downloaded .debs: CI machines can be short of disk
 fi
 
 # Debian installs ROCm under /usr and its clang as clang++-<N>; CMake needs to be told.

@@ -14,6 +14,7 @@ from rlk.dispatch import use_backends
 from rlk.errors import BackendUnavailableError, PluginError
 from rlk.introspect import BackendInfo, backends, explain
 from rlk.ops.advantages import group_advantages
+from rlk.ops.entropy import entropy
 from rlk.ops.linear_logp import linear_logp, linear_logp_entropy
 from rlk.ops.logp import logp, logp_entropy
 from rlk.ops.policy_loss import policy_loss
@@ -30,6 +31,7 @@ __all__ = [
     "backends",
     "check_inputs",
     "distributed",
+    "entropy",
     "explain",
     "group_advantages",
     "hookimpl",

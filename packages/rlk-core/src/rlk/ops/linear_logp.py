@@ -57,7 +57,7 @@ def _prepare(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None
     temp = temperatures.prepare(temperature, lead, hidden, "hidden")
     flat_tokens = tokens.reshape(-1).to(torch.int64)
     if config.checking_inputs():
-        _check_ranges(flat_tokens, weight, ignore_index, temp, group)
+        _check_ranges(flat_tokens, weight, ignore_index, group)
     args = {
         "hidden": hidden.reshape(-1, width),
         "weight": weight,
@@ -70,14 +70,12 @@ def _prepare(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None
     return args, lead
 
 
-def _check_ranges(tokens: Tensor, weight: Tensor, ignore_index: int, temperature: Temperature,
-                  group: Any) -> None:
+def _check_ranges(tokens: Tensor, weight: Tensor, ignore_index: int, group: Any) -> None:
     """The opt-in checks that need a device sync (RLK_CHECK_INPUTS=1)."""
     total = weight.shape[0]
     if group is not None:
         total = distributed.layout(weight.shape[0], group, weight.device).total
     distributed.check_tokens(tokens, total, ignore_index)
-    temperatures.check_range(temperature)
 
 
 def _flags(args: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -56,7 +56,7 @@ NB_MODULE(_C, m) {
           rlk::LogpFwdArgs a{ptr<const void>(logits), dtype, M, V, row_stride,
                              ptr<const int64_t>(tokens), ptr<const int64_t>(rows), R, temperature,
                              ptr<const float>(temp_rows), ignore_index, ptr<float>(logp),
-                             logp_stride, ptr<float>(entropy), ptr<float>(lse), ptr<float>(stats),
+                             logp_stride, ptr<float>(entropy), ptr<double>(lse), ptr<float>(stats),
                              nseg, ptr<float>(partial)};
           void* s = reinterpret_cast<void*>(stream);
           check(tma ? rlk::logp_forward_tma(a, s) : rlk::logp_forward(a, s));
@@ -82,7 +82,7 @@ NB_MODULE(_C, m) {
           prepare(device);
           rlk::LogpBwdArgs a{ptr<const void>(logits), dtype, M, V, row_stride, ptr<void>(grad),
                              grad_row_stride, ptr<const int64_t>(tokens), ptr<const float>(g_logp),
-                             ptr<const float>(g_ent), ptr<const float>(lse),
+                             ptr<const float>(g_ent), ptr<const double>(lse),
                              ptr<const float>(entropy), temperature, ptr<const float>(temp_rows),
                              ignore_index, col_offset, vocab_total};
           check(rlk::logp_backward(a, reinterpret_cast<void*>(stream)));

@@ -160,22 +160,24 @@ def entropy(
 # ---------------------------------------------------------------------------
 # conformance samples and the spec
 
-# logp_entropy samples that only vary the tokens, which entropy does not read
+# logp_entropy samples that only vary the tokens, which entropy does not read, and those
+# whose ignored tokens entropy takes as masked rows
 _TOKEN_ONLY = {"out-of-range", "ignore-index-custom"}
+_MASKED = {"ignore-index"}
 
 
 def _samples(device: torch.device, dtype: torch.dtype) -> Iterator[Sample]:
-    """logp_entropy's samples without tokens: an excluded token becomes a masked row."""
+    """logp_entropy's samples without tokens (never reading values: the device may be meta)."""
     for sample in logp_op.LOGP_ENTROPY.samples(device, dtype):
         if sample.name in _TOKEN_ONLY:
             continue
         args = sample.args
-        excluded = args["tokens"] == args["ignore_index"]
+        masked = sample.name in _MASKED
         out = args["out"]
-        yield Sample(sample.name if not bool(excluded.any()) else f"{sample.name}-as-mask", {
+        yield Sample(f"{sample.name}-as-mask" if masked else sample.name, {
             "logits": args["logits"],
             "temperature": args["temperature"],
-            "mask": ~excluded if bool(excluded.any()) else None,
+            "mask": args["tokens"] != args["ignore_index"] if masked else None,
             "rows": args["rows"],
             "out": None if out is None else torch.empty_like(out),
         }, sample.check_backward)

@@ -75,6 +75,14 @@ def _check_ranges(tokens: Tensor, vocab: int, ignore_index: int) -> None:
     validate.first_bad("tokens", bad, tokens, allowed)
 
 
+def one_token_per_row(tokens: Tensor, **_: object) -> str | None:
+    """A `check` for logp kernels that gather one token per row: declines `[M, K]` tokens
+    (`logp(tokens=[..., K])`), which then fall back to a backend that gathers K."""
+    if tokens.dim() == 2:
+        return "gathers one token per row; [M, K] tokens (K per row) need another backend"
+    return None
+
+
 def _kernel_shape(args: Mapping[str, Any]) -> tuple[int, ...]:
     rows = args["rows"]
     count = args["logits"].shape[0] if rows is None else rows.shape[0]

@@ -9,7 +9,7 @@ template <typename T>
 __device__ __forceinline__ void finish_row(const LogpFwdArgs& a, int64_t i, const T* p,
                                            int64_t tok, const RowAcc& r, float inv_t) {
   const float nan = __int_as_float(0x7fc00000);
-  const float log_s = logf(r.s);
+  const float log_s = row_log_sum(r);
   const bool empty = r.m == -INFINITY;
   // m * inv_t is exact in double: the float64 lse carries what float32 would round away
   if (a.lse) {
@@ -17,7 +17,7 @@ __device__ __forceinline__ void finish_row(const LogpFwdArgs& a, int64_t i, cons
     a.lse[i] = empty ? -INFINITY : fma(m, scale, rest);
   }
   if (a.stats) { a.stats[i] = r.m; a.stats[a.R + i] = empty ? nan : log_s; }
-  if (a.entropy) a.entropy[i] = empty ? nan : log_s - kLn2 * (r.w / r.s);
+  if (a.entropy) a.entropy[i] = empty ? nan : row_entropy(r, log_s);
   if (a.logp) {
     float lp = nan;
     if (!empty && tok >= 0 && tok < a.V) lp = logp_from_stats(to_float(p[tok]), r.m, inv_t, log_s);

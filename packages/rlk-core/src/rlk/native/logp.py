@@ -18,15 +18,11 @@ import torch
 from torch import Tensor
 
 from rlk.native.chunks import rows_per_chunk
+from rlk.ops.logits_args import compute_dtype
 from rlk.ops.temperature import Temperature
 
 # temporaries of the compute dtype alive at once per row: logits / T, probabilities, one more
 _LIVE = 3
-
-
-def compute_dtype(logits: Tensor) -> torch.dtype:
-    """float64 for float64 logits, float32 otherwise (bf16/fp16 are never reduced as such)."""
-    return torch.float64 if logits.dtype == torch.float64 else torch.float32
 
 
 @dataclass(frozen=True)
@@ -88,13 +84,12 @@ def _log_softmax(chunk: Tensor, temperature: Temperature,
     shift = None
     if not isinstance(temperature, Tensor) and temperature == 1.0:
         x = chunk
+    elif isinstance(temperature, Tensor) or temperature < 1.0:
+        top = chunk.amax(dim=1, keepdim=True).to(dtype)
+        shift = torch.where(torch.isfinite(top), top, 0.0)
+        x = _divide(torch.sub(chunk, shift), temperature)  # a fresh tensor of `dtype`
     else:
-        x = chunk.to(dtype, memory_format=torch.contiguous_format, copy=True)
-        if isinstance(temperature, Tensor) or temperature < 1.0:
-            top = x.amax(dim=1, keepdim=True)
-            shift = torch.where(torch.isfinite(top), top, 0.0)
-            x.sub_(shift)
-        _divide(x, temperature)
+        x = _divide(chunk.to(dtype, copy=True), temperature)
     log_probs = torch.log_softmax(x, dim=1, dtype=dtype)
     x_top = x.amax(dim=1).to(torch.float64)
     lse = x_top - log_probs.amax(dim=1).to(torch.float64)
@@ -112,8 +107,7 @@ def _log_probs(chunk: Tensor, temperature: Temperature, lse: Tensor,
     scale = temperature.to(torch.float64) if isinstance(temperature, Tensor) else temperature
     pivot = (wide * scale).to(dtype)
     rest = (wide - pivot.to(torch.float64) / scale).to(dtype)
-    x = chunk.to(dtype, memory_format=torch.contiguous_format, copy=True)
-    return _divide(x.sub_(pivot), temperature).sub_(rest)
+    return _divide(torch.sub(chunk, pivot), temperature).sub_(rest)
 
 
 def _entropy(log_probs: Tensor) -> Tensor:
@@ -175,7 +169,8 @@ class _Upstream:
     """What the backward needs per logits row, gathered once from the selected rows.
 
     A row selected twice gets the sum of both upstream gradients (as `logits[rows]` in
-    torch); `sink` (row M, past the logits) collects rows that do not exist.
+    torch). `index` maps each selected slot to its logits row, or to row M (a sink past
+    the logits, dropped at the end) for rows that do not exist.
     """
 
     grad_logp: Tensor
@@ -220,8 +215,6 @@ def _row_grads(log_p: Tensor, tokens: Tensor, g_logp: Tensor, g_ent: Tensor | No
     At the token of a one-token row, 1 - p comes from expm1(log p): a token whose p is
     close to 1 keeps its relative precision instead of float32's spacing below 1.
     """
-    probs = log_p.exp()
-    grad = probs * g_logp.sum(dim=1, keepdim=True).neg()
     valid, safe = _in_vocab(tokens, log_p.shape[1])
     at_token = None
     if tokens.shape[1] == 1:
@@ -229,7 +222,12 @@ def _row_grads(log_p: Tensor, tokens: Tensor, g_logp: Tensor, g_ent: Tensor | No
         at_token = torch.expm1(t_token).mul_(g_logp.neg())
         if g_ent is not None and entropy is not None:
             at_token.sub_(_entropy_term(t_token.clone(), t_token.exp(), entropy, g_ent))
-    if g_ent is not None and entropy is not None:
+    coefficient = g_logp.sum(dim=1, keepdim=True).neg()
+    if g_ent is None or entropy is None:
+        grad = log_p.exp_().mul_(coefficient)
+    else:
+        probs = log_p.exp()
+        grad = probs * coefficient
         grad.sub_(_entropy_term(log_p, probs, entropy, g_ent))
     if at_token is None:
         grad.scatter_add_(1, safe, torch.where(valid, g_logp, 0.0))

@@ -67,6 +67,13 @@ def _divide(x: Tensor, temperature: Temperature) -> Tensor:
     return x
 
 
+def _shifted(chunk: Tensor, shift: Tensor) -> Tensor:
+    """chunk - shift as a fresh contiguous tensor of shift's dtype, in one pass: a row's
+    bits must not depend on the strides of the logits it came from."""
+    out = torch.empty(chunk.shape, dtype=shift.dtype, device=chunk.device)
+    return torch.sub(chunk, shift, out=out)
+
+
 def _over_temperature(values: Tensor, temperature: Temperature) -> Tensor:
     """values / T in float64, per row ([rows] values, T a float or a [rows, 1] column)."""
     wide = values.to(torch.float64)
@@ -97,7 +104,7 @@ def _row_stats(chunk: Tensor, temperature: Temperature, dtype: torch.dtype,
     top = chunk.amax(dim=1, keepdim=True).to(dtype)
     finite = torch.isfinite(top)
     shift = torch.where(finite, top, 0.0)
-    x = _divide(torch.sub(chunk, shift), temperature)  # a fresh tensor of `dtype`
+    x = _divide(_shifted(chunk, shift), temperature)
     exps = x.exp()
     exps.scatter_(1, x.argmax(dim=1, keepdim=True), 0.0)
     rest = exps.sum(dim=1, keepdim=True)
@@ -123,7 +130,7 @@ def _log_probs(chunk: Tensor, temperature: Temperature, lse: Tensor,
     scale = temperature.to(torch.float64) if isinstance(temperature, Tensor) else temperature
     pivot = (wide * scale).to(dtype)
     rest = (wide - pivot.to(torch.float64) / scale).to(dtype)
-    return _divide(torch.sub(chunk, pivot), temperature).sub_(rest)
+    return _divide(_shifted(chunk, pivot), temperature).sub_(rest)
 
 
 def _columns(tokens: Tensor) -> Tensor:

@@ -46,6 +46,35 @@ def test_sample_against_float64(
     assert torch.equal(lp, same), "sample's logp must equal this backend's logp bit for bit"
 
 
+# Large vocabularies where min-p and top-p are both on, each deciding in turn: (logit scale,
+# top_p, min_p). Scale 2, min-p 0.05: min-p keeps a few hundred tokens, far less mass than
+# top-p 0.95 would (the setting; one counting pass, then the shared-memory finish).
+# Scale 1, min-p 0.01: min-p binds but keeps most of the vocabulary (the exact draw pass).
+# Scale 2, min-p 1e-4, top-p 0.5: top-p keeps less than min-p, so top-p is narrowed as before.
+MIN_P_AND_TOP_P = [(2.0, 0.95, 0.05), (1.0, 0.95, 0.01), (2.0, 0.5, 1e-4)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("scale", "top_p", "min_p"), MIN_P_AND_TOP_P)
+def test_min_p_with_top_p_on_large_vocabularies(
+    dtype: torch.dtype, scale: float, top_p: float, min_p: float
+) -> None:
+    batch, vocab = 6, 256000
+    logits = _logits(batch, vocab, dtype, seed=int(100 * min_p) + 3, scale=scale)
+    seeds = torch.randint(0, 2**62, (batch,), device="cuda")
+    with poisoned_allocations():
+        tokens, lp, plp = sample(logits, 1.0, 0, top_p, min_p, seeds)
+    ref = truncated_log_probs(logits, 1.0, 0, top_p, min_p)
+    picked = ref.gather(1, tokens.unsqueeze(1)).squeeze(1)
+    assert torch.isfinite(picked).all(), "a token outside the filtered support was drawn"
+    assert (plp.double() - picked).abs().max() < 1e-4
+    same, _, _ = logp_kernels.forward(logits, tokens, 1.0, -100, None, None, False)
+    assert torch.equal(lp, same)
+    alone = sample(logits[2:3].clone(), 1.0, 0, top_p, min_p, seeds[2:3])
+    for x, y in zip((tokens, lp, plp), alone, strict=True):
+        assert torch.equal(x[2:3], y)
+
+
 def test_greedy_and_special_rows() -> None:
     logits = _logits(5, 3000, torch.float32, seed=1)
     logits[1, 10] = logits[1, 20] = logits[1].max() + 1  # tie: first index wins

@@ -14,7 +14,6 @@ import rlk
 from rlk import reference
 from rlk_flashinfer import sampler
 from rlk_flashinfer.sampler import sample
-from rlk_flashinfer.seeds import SLOTS, split_seed
 
 
 def _logits(batch: int, vocab: int, seed: int = 0, dtype: torch.dtype = torch.float32):
@@ -43,39 +42,29 @@ def test_softmax_gets_raw_logits_and_the_temperature(fake: FakeFlashInfer, tempe
 @pytest.mark.parametrize(
     ("top_k", "top_p", "min_p", "expected"),
     [
-        (0, 1.0, 0.0, ["softmax", "sampling_from_probs"]),
-        (7, 1.0, 0.0, ["softmax", "top_k_renorm_probs", "sampling_from_probs"]),
-        (40, 1.0, 0.0, ["softmax", "sampling_from_probs"]),  # k >= V is no filter
-        (0, 0.8, 0.0, ["softmax", "top_p_renorm_probs", "sampling_from_probs"]),
-        (0, 1.0, 0.1, ["softmax", "min_p_sampling_from_probs"]),
-        (5, 0.9, 0.05, ["softmax", "top_k_renorm_probs", "top_p_renorm_probs",
-                        "min_p_sampling_from_probs"]),
+        (0, 1.0, 0.0, ["softmax"]),
+        (7, 1.0, 0.0, ["softmax", "top_k_renorm_probs"]),
+        (40, 1.0, 0.0, ["softmax"]),  # k >= V is no filter
+        (0, 0.8, 0.0, ["softmax", "top_p_renorm_probs"]),
+        (0, 1.0, 0.1, ["softmax"]),  # min-p is applied to the weights of rlk's draw
+        (5, 0.9, 0.05, ["softmax", "top_k_renorm_probs", "top_p_renorm_probs"]),
     ],
 )
 def test_filters_map_onto_flashinfer_calls(fake: FakeFlashInfer, top_k: int, top_p: float,
                                            min_p: float, expected: list[str]):
-    seeds = torch.arange(3, dtype=torch.int64)  # one key: a single launch
-    sample(_logits(3, 40), 1.3, top_k, top_p, min_p, seeds)
+    sample(_logits(3, 40), 1.3, top_k, top_p, min_p, _seeds(3))
     assert fake.names() == expected
     by_name = {call.name: call.kwargs for call in fake.calls}
     if "top_k_renorm_probs" in by_name:
         assert by_name["top_k_renorm_probs"]["top_k"] == top_k
     if "top_p_renorm_probs" in by_name:
         assert by_name["top_p_renorm_probs"] == {"top_p": top_p, "is_deterministic": True}
-    draw = by_name[expected[-1]]
-    assert draw["seed"] == 0 and draw["offset"] == 0 and draw["deterministic"] is True
-    assert draw["indices"].tolist() == [0, 1, 2]
-    if "min_p_sampling_from_probs" in by_name:
-        assert by_name["min_p_sampling_from_probs"]["min_p"] == min_p
 
 
-def test_seed_key_and_slot_reach_flashinfer(fake: FakeFlashInfer):
-    seeds = torch.tensor([(5 << 6) | 3, -1], dtype=torch.int64)
-    sample(_logits(2, 16), 1.0, 0, 1.0, 0.0, seeds)
-    draws = [call.kwargs for call in fake.calls if call.name == "sampling_from_probs"]
-    assert [d["seed"] for d in draws] == [5, (2**64 - 1) >> 6]
-    assert draws[0]["indices"].tolist() == [0, 0, 0, 0]  # row 0 at position 3
-    assert draws[1]["indices"].tolist() == [1] * SLOTS  # row 1 at position 63
+def test_random_row_seeds_take_one_launch_of_each_kernel(fake: FakeFlashInfer):
+    """Regression (issue 18): a random seed per row took one FlashInfer launch per row."""
+    sample(_logits(256, 64), 0.9, 10, 0.9, 0.05, _seeds(256))
+    assert fake.names() == ["softmax", "top_k_renorm_probs", "top_p_renorm_probs"]
 
 
 def test_greedy_never_calls_flashinfer(fake: FakeFlashInfer):
@@ -221,14 +210,6 @@ def test_blocks_and_strides_do_not_change_results(fake: FakeFlashInfer, monkeypa
     for got in (blocked, strided):
         for left, right in zip(got, reference, strict=True):
             assert torch.equal(left, right)
-
-
-def test_launches_group_rows_by_key(fake: FakeFlashInfer):
-    seeds = torch.arange(128, dtype=torch.int64) + (77 << 6)
-    sample(_logits(128, 10), 1.0, 0, 1.0, 0.0, seeds)
-    draws = [call.kwargs for call in fake.calls if call.name == "sampling_from_probs"]
-    assert sorted(d["seed"] for d in draws) == [77, 78]
-    assert {split_seed(int(s))[0] for s in seeds} == {77, 78}
 
 
 # --- errors -----------------------------------------------------------------------------

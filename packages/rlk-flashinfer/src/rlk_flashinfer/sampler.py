@@ -1,34 +1,37 @@
-"""The `sample` kernel: FlashInfer draws the token, rlk computes its log-probabilities.
+"""The `sample` kernel: FlashInfer filters, rlk draws and computes the log-probabilities.
 
 Pipeline per block of rows (temperature > 0), all in float32:
   softmax = flashinfer softmax(logits, temperature=T)  # the only place T is applied
   probs = top_k_renorm_probs(softmax, k)               # when 0 < k < V
   probs = top_p_renorm_probs(probs, p)                 # when p < 1
-  token = [min_p_]sampling_from_probs(probs, ...)      # min-p relative to the top token
+  weights = probs where probs >= min_p * max(probs)    # when min_p > 0 (FlashInfer's rule)
+  token = rlk_flashinfer.draw(weights, uniforms of the row's seed)
+The draw is rlk's own: FlashInfer's samplers key a row's random numbers by its position
+in the launch (see rlk_flashinfer.seeds), so with them a row's token would depend on the
+batch. Every FlashInfer kernel runs once per block of rows, whatever the seeds.
 `logp` comes from `rlk.logp` itself so that it matches it bit for bit, and
 `processed_logp = logp - log(mass of the kept set under softmax)`. At any token the
 filters kept, softmax / probs is the mass of the top-k/top-p set (FlashInfer renormalised
-probs by it), so the mass costs a gather; min-p multiplies in the share of `probs` at or
-above its threshold, one masked sum. No filter: processed_logp equals logp exactly.
-Rows are copied into contiguous blocks of at most 2**26 elements: FlashInfer needs
+probs by it), so the mass costs a gather; min-p multiplies in the weights' total, which
+the draw sums anyway. No filter: processed_logp equals logp exactly.
+Rows are copied into contiguous blocks of at most 2**28 elements: FlashInfer needs
 contiguous rows and indexes them with 32-bit row * vocab products.
 """
 
 from __future__ import annotations
 
 import inspect
-import itertools
 import math
-from collections.abc import Sequence
 from types import ModuleType
 
 import torch
 
 from rlk.ops.sample import drawn_logp
 from rlk_flashinfer import library
-from rlk_flashinfer.seeds import plan_launches
+from rlk_flashinfer.draw import draw
+from rlk_flashinfer.seeds import uniforms
 
-BLOCK_ELEMENTS = 1 << 26
+BLOCK_ELEMENTS = 1 << 28
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -105,8 +108,8 @@ def _sample_rows(fi: ModuleType, logits: torch.Tensor, valid: torch.Tensor, temp
     batch, vocab = logits.shape
     every_row = bool(valid.all())
     rows = torch.arange(batch, device=logits.device) if every_row else valid.nonzero()[:, 0]
-    host_seeds = seeds.to("cpu")[rows.cpu()].tolist()
     per_block = max(1, BLOCK_ELEMENTS // vocab)
+    seeds = seeds.to(logits.device)
     for start in range(0, rows.numel(), per_block):
         part = rows[start:start + per_block]
         if every_row:
@@ -114,13 +117,13 @@ def _sample_rows(fi: ModuleType, logits: torch.Tensor, valid: torch.Tensor, temp
         else:
             block = logits.index_select(0, part)
         picked, block_log_mass = _sample_block(
-            fi, block, host_seeds[start:start + per_block], temperature, top_k, top_p, min_p
+            fi, block, seeds.index_select(0, part), temperature, top_k, top_p, min_p
         )
         tokens[part] = picked
         log_mass[part] = block_log_mass
 
 
-def _sample_block(fi: ModuleType, block: torch.Tensor, seeds: Sequence[int], temperature: float,
+def _sample_block(fi: ModuleType, block: torch.Tensor, seeds: torch.Tensor, temperature: float,
                   top_k: int, top_p: float, min_p: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Filter and draw for one contiguous block of valid rows: (tokens, log of the kept mass)."""
     vocab = block.shape[1]
@@ -130,22 +133,19 @@ def _sample_block(fi: ModuleType, block: torch.Tensor, seeds: Sequence[int], tem
         probs = fi.top_k_renorm_probs(probs, int(top_k))
     if top_p < 1.0:
         probs = _top_p_renorm(fi, probs, float(top_p))
-    picked = _draw(fi, probs, seeds, min_p)
-    return picked, _kept_log_mass(softmax, probs, picked, min_p)
-
-
-def _kept_log_mass(softmax: torch.Tensor, probs: torch.Tensor, picked: torch.Tensor,
-                   min_p: float) -> torch.Tensor:
-    """log of the kept set's mass under `softmax`, float64 per row (see the module notes)."""
+    weights = probs
+    if min_p > 0.0:
+        # FlashInfer's min-p rule, in float32 as its sampler applies it to `probs`
+        floor = probs.amax(dim=-1, keepdim=True) * float(min_p)
+        weights = torch.where(probs >= floor, probs, 0.0)
+    picked, kept = draw(weights, uniforms(seeds, 2))
     at = picked[:, None]
+    # the top-k/top-p mass under softmax (see the module notes), times min-p's share of it
     ratio = softmax.gather(1, at).double() / probs.gather(1, at).double()
     log_mass = ratio[:, 0].log()
     if min_p > 0.0:
-        # the threshold FlashInfer's min-p sampler applies to `probs`, in float32 as it does
-        floor = probs.amax(dim=-1, keepdim=True) * float(min_p)
-        share = torch.where(probs >= floor, probs, 0.0).sum(dim=-1, dtype=torch.float64)
-        log_mass += share.log()
-    return log_mass
+        log_mass += kept.log()
+    return picked, log_mass
 
 
 def _top_p_renorm(fi: ModuleType, probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -156,32 +156,3 @@ def _top_p_renorm(fi: ModuleType, probs: torch.Tensor, top_p: float) -> torch.Te
     else:
         renormed = renorm(probs, top_p)
     return renormed
-
-
-def _draw(fi: ModuleType, probs: torch.Tensor, seeds: Sequence[int], min_p: float) -> torch.Tensor:
-    """Draw one token per row of `probs`, each keyed by its own seed (see rlk_flashinfer.seeds)."""
-    launches = plan_launches(seeds)
-    sizes = [launch.size for launch in launches]
-    starts = [0, *itertools.accumulate(sizes)][:-1]
-    layout = [i for launch in launches for i in launch.indices()]
-    rows = [row for launch in launches for row in launch.rows]
-    positions = [
-        start + slot
-        for start, launch in zip(starts, launches, strict=True)
-        for slot in launch.slots
-    ]
-    # one host-to-device copy for the launch layouts and the scatter back to rows
-    plan = torch.tensor([*layout, *positions, *rows], dtype=torch.int64).to(probs.device)
-    device_layout, where, row_index = plan.split([len(layout), len(positions), len(rows)])
-    drawn = []
-    for launch, indices in zip(launches, torch.split(device_layout, sizes), strict=True):
-        if min_p > 0.0:
-            out = fi.min_p_sampling_from_probs(probs, float(min_p), indices=indices,
-                                               deterministic=True, seed=launch.key, offset=0)
-        else:
-            out = fi.sampling_from_probs(probs, indices=indices, deterministic=True,
-                                         seed=launch.key, offset=0)
-        drawn.append(out.to(torch.int64))
-    picked = torch.empty(probs.shape[0], dtype=torch.int64, device=probs.device)
-    picked[row_index] = torch.cat(drawn)[where]
-    return picked

@@ -378,3 +378,22 @@ def test_reports_carry_the_findings(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert lines and all("roofline" in line["findings"] for line in lines)
     table = (tmp_path / "report.md").read_text()
     assert "## Findings:" in table and "finding: " in table
+
+
+def test_each_case_runs_in_every_dtype_of_the_sweep() -> None:
+    from rlk.bench import runner
+    from rlk.bench.options import SWEEP_DTYPES, parse_dtypes
+
+    assert (torch.float32, torch.bfloat16, torch.float16) == SWEEP_DTYPES
+    options = Options(workloads=["logp", "policy-loss"], smoke=True,
+                      dtypes=parse_dtypes("float16,bf16,fp16"))
+    assert options.sweep_dtypes == [torch.float16, torch.bfloat16]
+    groups = runner.plan(workloads.select(options.workloads), options)
+    logp = [(g.case.label, g.dtype) for g in groups if g.workload.name == "logp"]
+    assert logp == [(case.label, dtype) for case in logp_workloads.SMOKE
+                    for dtype in (torch.float16, torch.bfloat16)]
+    # a case that pins its dtype (the small ops' float32 inputs) runs once, in it
+    assert {g.dtype for g in groups if g.workload.name == "policy-loss"} == {torch.float32}
+    assert Options(smoke=True).sweep_dtypes == [torch.float32]  # CPU: float32 only
+    with pytest.raises(ValueError, match="int8"):
+        parse_dtypes("bf16,int8")

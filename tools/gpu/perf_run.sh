@@ -11,23 +11,11 @@
 #   4. FlashInfer's stage times (benchmarks/flashinfer/sample_stages.py).
 # Writes under $OUT: checks.log (test summaries, stage times), tests.log (full test output),
 # bench/report.{json,csv,md} and bench/{time,memory,roofline}.png: eight files.
-set -uo pipefail
-start=$(date +%s)
-budget="${RLK_GPU_BUDGET:-530}"
-OUT="${OUT:-$PWD/bench-results}"
+. "$(dirname "$0")/common.sh"
 mkdir -p "$OUT/bench"
-export PYTHONUNBUFFERED=1 RLK_STRICT_PLUGINS=1
-export RLK_CUDA_ARCHITECTURES="${RLK_CUDA_ARCHITECTURES:-90a}"
-PY="${PYTHON:-python3}"
-site=/tmp/rlk-site
-say() { echo "=== $* (+$(( $(date +%s) - start ))s)"; }
-left() { echo $(( budget - ($(date +%s) - start) )); }
 
 say "install peers, rlk-core and rlk-flashinfer"
-"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target "$site" .whl/*.whl || exit 1
-export PYTHONPATH="$site"
-"$PY" -m pip install -q --no-build-isolation --no-deps packages/rlk-core packages/rlk-flashinfer
+install_peers_and_rlk
 
 say "build rlk-cuda; FlashInfer's JIT alongside"
 (RLK_PLUGINS=flashinfer timeout 300 "$PY" -m rlk_flashinfer.warmup >/tmp/warmup.log 2>&1) &

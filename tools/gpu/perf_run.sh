@@ -6,8 +6,9 @@
 #      FlashInfer JIT-compiles its sampling kernels (~100 s) in parallel;
 #   2. runs, in parallel, rlk-cuda's float16/sampling GPU tests and the SASS check, and
 #      rlk-flashinfer's GPU tests;
-#   3. the sweep: logp and logp-bwd in float16 and bfloat16 at every V beside Liger, then
-#      sample (bf16, random row seeds) on cuda and flashinfer beside FlashInfer's own sampler;
+#   3. the sweep in float16 and bfloat16: sample (random row seeds) on cuda and flashinfer
+#      beside FlashInfer's own sampler, then logp and logp-bwd at every V beside Liger (in
+#      that order, so that --time-limit cuts the least important rows);
 #   4. FlashInfer's stage times (benchmarks/flashinfer/sample_stages.py).
 # Writes under $OUT: checks.log (test summaries, stage times), tests.log (full test output),
 # bench/report.{json,csv,md} and bench/{time,memory,roofline}.png: eight files.
@@ -37,7 +38,7 @@ cat /tmp/cuda-tests.log /tmp/flashinfer-tests.log >"$OUT/tests.log"
 
 stages=60
 say "sweep, $(( $(left) - stages ))s"
-"$PY" benchmarks/profiler.py --workloads logp,logp-bwd,sample --backends cuda,flashinfer \
+"$PY" benchmarks/profiler.py --workloads sample,logp,logp-bwd --backends cuda,flashinfer \
   --peers liger,flashinfer --dtype float16,bfloat16 --time-limit "$(( $(left) - stages ))" \
   --output-dir "$OUT/bench" --no-summary 2>&1 | tail -5
 "$PY" - "$OUT/bench/report.json" <<'PY' | tee -a "$OUT/checks.log"

@@ -1,7 +1,9 @@
-"""A CPU stand-in for `flashinfer` 0.6.x: the calls the backend makes (softmax and the two
-renormalisations), same signatures, reference math, a call log. FlashInfer's samplers are
-absent on purpose: the backend draws with its own per-row uniforms (rlk_flashinfer.seeds),
-and a test fails if it reaches for one.
+"""A CPU stand-in for `flashinfer` 0.6.x: the calls the backend makes (softmax, the two
+renormalisations, the radix top-k), same signatures, reference math, a call log.
+FlashInfer's samplers are absent on purpose: the backend draws with its own per-row
+uniforms (rlk_flashinfer.seeds), and a test fails if it reaches for one. The top-k returns
+tied values in an order that changes with the batch size, as a kernel that splits rows
+across blocks may: the backend must not let that order reach a row's token.
 """
 
 from __future__ import annotations
@@ -28,14 +30,17 @@ class FakeFlashInfer:
     def names(self) -> list[str]:
         return [call.name for call in self.calls]
 
-    def module(self) -> tuple[types.ModuleType, types.ModuleType]:
+    def modules(self) -> dict[str, types.ModuleType]:
+        """The package and its submodules, by the names `sys.modules` knows them."""
         package = types.ModuleType("flashinfer")
         package.__version__ = self.version  # type: ignore[attr-defined]
         sampling = types.ModuleType("flashinfer.sampling")
         for name in ("softmax", "top_k_renorm_probs", "top_p_renorm_probs"):
             setattr(sampling, name, getattr(self, name))
-        package.sampling = sampling  # type: ignore[attr-defined]
-        return package, sampling
+        topk = types.ModuleType("flashinfer.topk")
+        topk.top_k = self.top_k  # type: ignore[attr-defined]
+        package.sampling, package.topk = sampling, topk  # type: ignore[attr-defined]
+        return {"flashinfer": package, "flashinfer.sampling": sampling, "flashinfer.topk": topk}
 
     def _log(self, name: str, *args: Any, **kwargs: Any) -> None:
         self.calls.append(Call(name, args, kwargs))
@@ -67,6 +72,19 @@ class FakeFlashInfer:
         last = (before < top_p).sum(dim=-1, keepdim=True) - 1
         threshold = ordered.gather(1, last.clamp(min=0)).to(probs.dtype)
         return _renorm(probs * (probs >= threshold))
+
+
+    def top_k(self, input: torch.Tensor, k: int, sorted: bool = False,
+              deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        self._log("top_k", k=k, sorted=sorted, deterministic=deterministic)
+        _require_contiguous(input)
+        assert 0 < k <= input.shape[1], k
+        # columns rotated by the batch size before a stable sort: ties come out in an order
+        # that depends on the batch
+        rotation = torch.roll(torch.arange(input.shape[1]), input.shape[0])
+        order = input[:, rotation].float().argsort(dim=-1, descending=True, stable=True)[:, :k]
+        indices = rotation[order]
+        return input.gather(1, indices), indices
 
 
 def _require_contiguous(tensor: torch.Tensor) -> None:

@@ -12,7 +12,7 @@ from flashinfer_stats import chi_square, chi_square_critical
 
 import rlk
 from rlk import reference
-from rlk_flashinfer import sampler
+from rlk_flashinfer import full_vocabulary
 from rlk_flashinfer.sampler import sample
 
 
@@ -39,32 +39,85 @@ def test_softmax_gets_raw_logits_and_the_temperature(fake: FakeFlashInfer, tempe
     assert torch.equal(softmax_calls[0].args[0], logits)  # never pre-divided by T
 
 
+FILTERS = [(0, 1.0, 0.0), (7, 1.0, 0.0), (3000, 1.0, 0.0), (0, 0.8, 0.0), (0, 1.0, 0.1),
+           (5, 0.9, 0.05)]
+
+
+@pytest.mark.parametrize(("top_k", "top_p", "min_p"), FILTERS)
+def test_rows_whose_kept_set_fits_the_shortlist_take_one_top_k(fake: FakeFlashInfer, top_k: int,
+                                                               top_p: float, min_p: float):
+    logits = _logits(3, 3000)  # std 2: every filter keeps far fewer than 1024 tokens
+    tokens, _, processed = sample(logits, 1.3, top_k, top_p, min_p, _seeds(3))
+    no_filter = (0 < top_k < 3000, top_p < 1.0, min_p > 0.0) == (False, False, False)
+    assert fake.names() == (["softmax"] if no_filter else ["top_k"])
+    if not no_filter:
+        assert fake.calls[0].kwargs == {"k": 1024, "sorted": True, "deterministic": True}
+    log_q = reference.sample_log_probs(logits, temperature=1.3, top_k=top_k, top_p=top_p,
+                                       min_p=min_p)
+    torch.testing.assert_close(processed.double(), log_q.gather(1, tokens[:, None])[:, 0],
+                               rtol=0, atol=2e-6)
+
+
 @pytest.mark.parametrize(
     ("top_k", "top_p", "min_p", "expected"),
     [
         (0, 1.0, 0.0, ["softmax"]),
-        (7, 1.0, 0.0, ["softmax", "top_k_renorm_probs"]),
-        (40, 1.0, 0.0, ["softmax"]),  # k >= V is no filter
-        (0, 0.8, 0.0, ["softmax", "top_p_renorm_probs"]),
-        (0, 1.0, 0.1, ["softmax"]),  # min-p is applied to the weights of rlk's draw
-        (5, 0.9, 0.05, ["softmax", "top_k_renorm_probs", "top_p_renorm_probs"]),
+        (7, 1.0, 0.0, ["top_k", "softmax", "top_k_renorm_probs"]),
+        (0, 0.8, 0.0, ["top_k", "softmax", "top_p_renorm_probs"]),
+        (0, 1.0, 0.1, ["top_k", "softmax"]),  # min-p is applied to the weights of rlk's draw
+        (5, 0.9, 0.05, ["top_k", "softmax", "top_k_renorm_probs", "top_p_renorm_probs"]),
     ],
 )
-def test_filters_map_onto_flashinfer_calls(fake: FakeFlashInfer, top_k: int, top_p: float,
-                                           min_p: float, expected: list[str]):
-    sample(_logits(3, 40), 1.3, top_k, top_p, min_p, _seeds(3))
+def test_rows_past_the_shortlist_map_onto_flashinfer_calls(fake: FakeFlashInfer, top_k: int,
+                                                           top_p: float, min_p: float,
+                                                           expected: list[str]):
+    logits = torch.zeros(3, 3000)  # every logit tied: each filter keeps the whole row
+    tokens, _, processed = sample(logits, 1.3, top_k, top_p, min_p, _seeds(3))
     assert fake.names() == expected
     by_name = {call.name: call.kwargs for call in fake.calls}
     if "top_k_renorm_probs" in by_name:
         assert by_name["top_k_renorm_probs"]["top_k"] == top_k
     if "top_p_renorm_probs" in by_name:
         assert by_name["top_p_renorm_probs"] == {"top_p": top_p, "is_deterministic": True}
+    assert bool((tokens >= 0).all())
+    torch.testing.assert_close(processed, torch.full((3,), -math.log(3000.0)))
+
+
+def test_each_row_takes_its_own_path_and_keeps_its_token(fake: FakeFlashInfer):
+    """Rows that fit their shortlist beside rows that do not: a row's token and
+    processed_logp are the same alone as in the mixed batch."""
+    logits = _logits(8, 3000, seed=11)
+    logits[1::2] = torch.randn(4, 3000, generator=torch.Generator().manual_seed(3)) * 0.01
+    seeds = _seeds(8)
+    tokens, _, processed = sample(logits, 1.0, 0, 0.9, 0.02, seeds)
+    assert fake.names() == ["top_k", "softmax", "top_p_renorm_probs"]
+    for row in range(8):
+        alone, _, alone_processed = sample(logits[row:row + 1], 1.0, 0, 0.9, 0.02,
+                                           seeds[row:row + 1])
+        assert int(alone) == int(tokens[row])
+        assert torch.equal(alone_processed, processed[row:row + 1])
+    log_q = reference.sample_log_probs(logits, top_p=0.9, min_p=0.02)
+    torch.testing.assert_close(processed.double(), log_q.gather(1, tokens[:, None])[:, 0],
+                               rtol=0, atol=2e-5)
+
+
+def test_tied_logits_in_the_shortlist_do_not_move_a_token(fake: FakeFlashInfer):
+    """The fake's top-k orders ties by batch size; the pick runs in vocabulary order."""
+    logits = (_logits(6, 3000, seed=8) * 2).round().to(torch.bfloat16)  # many ties
+    seeds = _seeds(6)
+    tokens, _, _ = sample(logits, 1.0, 40, 1.0, 0.0, seeds)
+    assert fake.names() == ["top_k"]
+    for row in range(6):
+        alone, _, _ = sample(logits[row:row + 1], 1.0, 40, 1.0, 0.0, seeds[row:row + 1])
+        assert int(alone) == int(tokens[row])
 
 
 def test_random_row_seeds_take_one_launch_of_each_kernel(fake: FakeFlashInfer):
     """Regression (issue 18): a random seed per row took one FlashInfer launch per row."""
     sample(_logits(256, 64), 0.9, 10, 0.9, 0.05, _seeds(256))
-    assert fake.names() == ["softmax", "top_k_renorm_probs", "top_p_renorm_probs"]
+    assert fake.names() == ["top_k"]
+    sample(torch.zeros(256, 3000), 0.9, 10, 0.9, 0.05, _seeds(256))
+    assert fake.names()[1:] == ["top_k", "softmax", "top_k_renorm_probs", "top_p_renorm_probs"]
 
 
 def test_greedy_never_calls_flashinfer(fake: FakeFlashInfer):
@@ -201,12 +254,14 @@ def test_identical_rows_and_seeds_give_identical_tokens(fake: FakeFlashInfer):
 
 
 def test_blocks_and_strides_do_not_change_results(fake: FakeFlashInfer, monkeypatch):
-    logits = _logits(30, 24, seed=9)
+    logits = _logits(30, 1500, seed=9)
+    logits[::3] *= 0.01  # a third of the rows take the full-vocabulary path
     seeds = _seeds(30)
-    reference = sample(logits, 0.9, 5, 0.9, 0.02, seeds)
-    monkeypatch.setattr(sampler, "BLOCK_ELEMENTS", 24 * 7)  # blocks of 7 rows
-    blocked = sample(logits, 0.9, 5, 0.9, 0.02, seeds)
-    strided = sample(logits.t().contiguous().t(), 0.9, 5, 0.9, 0.02, seeds)
+    reference = sample(logits, 0.9, 0, 0.9, 0.02, seeds)
+    monkeypatch.setattr(full_vocabulary, "BLOCK_ELEMENTS", 1500 * 7)  # blocks of 7 rows
+    blocked = sample(logits, 0.9, 0, 0.9, 0.02, seeds)
+    assert fake.names().count("top_k") == 1 + 5 and fake.names().count("softmax") == 1 + 2
+    strided = sample(logits.t().contiguous().t(), 0.9, 0, 0.9, 0.02, seeds)
     for got in (blocked, strided):
         for left, right in zip(got, reference, strict=True):
             assert torch.equal(left, right)

@@ -1,4 +1,5 @@
-"""One token per row from non-negative weights by the inverse CDF, in two levels.
+"""One token per row from non-negative weights by the inverse CDF (`pick`), in two levels
+over a whole vocabulary (`draw`).
 
 A row's weights are summed in chunks of CHUNK entries (the only full read of the weights);
 the first uniform picks a chunk by those sums, the second a token inside it. Both levels
@@ -16,7 +17,7 @@ CHUNK = 1024
 _UNITS = 2.0**40
 
 
-def _pick(weights: Tensor, u: Tensor) -> Tensor:
+def pick(weights: Tensor, u: Tensor) -> Tensor:
     """Per row of `weights` [R, n] (each with a positive entry): the index whose cumulative
     interval holds u * total, for u [R] in [0, 1)."""
     total = weights.sum(-1, keepdim=True, dtype=torch.float64)
@@ -36,9 +37,9 @@ def draw(weights: Tensor, uniforms: Tensor) -> tuple[Tensor, Tensor]:
     if whole < vocab:
         sums.append(weights[:, whole:].sum(-1, keepdim=True, dtype=torch.float64))
     chunk_sums = torch.cat(sums, dim=1)
-    chunk = _pick(chunk_sums, uniforms[:, 0])
+    chunk = pick(chunk_sums, uniforms[:, 0])
     columns = chunk[:, None] * CHUNK + torch.arange(CHUNK, device=weights.device)
     inside = columns < vocab
     part = weights.gather(1, columns.clamp_max(vocab - 1)).masked_fill(~inside, 0.0)
-    token = chunk * CHUNK + _pick(part, uniforms[:, 1])
+    token = chunk * CHUNK + pick(part, uniforms[:, 1])
     return token, chunk_sums.sum(-1)

@@ -3,13 +3,14 @@
 Each kernel source is compiled for sm_90a and disassembled; every kernel instantiated for
 float16 must have as many 16-byte loads as its bfloat16 twin, convert with the hardware
 (HADD2.F32) and not decode the bits by hand (integer-to-float conversions, extra branches,
-extra instructions). Needs nvcc and cuobjdump (pip install nvidia-cuda-cuobjdump); skips
-without them, so CPU CI runs it in the build-cuda session, which has both.
+extra instructions). Needs nvcc, cuobjdump and nvdisasm (pip install nvidia-cuda-cuobjdump
+nvidia-cuda-nvdisasm); skips without them. CPU CI runs it in the build-cuda session.
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import re
 import shutil
 import subprocess
@@ -22,24 +23,27 @@ SOURCES = ("logp.cu", "logp_cols.cu", "logp_tma.cu", "sample.cu")
 FLAGS = ("-arch=sm_90a", "-O3", "-ftz=true", "--extended-lambda", "-DRLK_CUDA_TMA=1", "-cubin")
 
 
-def _cuobjdump() -> str | None:
-    found = shutil.which("cuobjdump")
+def _tool(name: str) -> str | None:
+    """`name` on PATH, else from NVIDIA's wheels (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)."""
+    found = shutil.which(name)
     if found:
         return found
     try:
-        import nvidia.cu13  # type: ignore[import-not-found]  # the nvidia-cuda-cuobjdump wheel
+        import nvidia.cu13  # type: ignore[import-not-found]
     except ImportError:
         return None
     for root in nvidia.cu13.__path__:
-        candidate = Path(root) / "bin" / "cuobjdump"
+        candidate = Path(root) / "bin" / name
         if candidate.is_file():
             return str(candidate)
     return None
 
 
-NVCC, CUOBJDUMP = shutil.which("nvcc"), _cuobjdump()
-pytestmark = pytest.mark.skipif(NVCC is None or CUOBJDUMP is None,
-                                reason="needs nvcc and cuobjdump (nvidia-cuda-cuobjdump)")
+# cuobjdump -sass runs nvdisasm, which it finds through NVDISASM_PATH or PATH
+NVCC, CUOBJDUMP, NVDISASM = shutil.which("nvcc"), _tool("cuobjdump"), _tool("nvdisasm")
+pytestmark = pytest.mark.skipif(
+    None in (NVCC, CUOBJDUMP, NVDISASM),
+    reason="needs nvcc, cuobjdump and nvdisasm (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
 
 
 def opcodes_by_kernel(sass: str) -> dict[str, collections.Counter[str]]:
@@ -70,7 +74,9 @@ def kernels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, collections.C
         subprocess.run([str(NVCC), *FLAGS, "-I", str(CSRC), "-o", str(cubin), str(CSRC / source)],
                        check=True, capture_output=True, text=True)
         sass = subprocess.run([str(CUOBJDUMP), "-sass", str(cubin)], check=True,
-                              capture_output=True, text=True).stdout
+                              capture_output=True, text=True,
+                              env={**os.environ, "NVDISASM_PATH": str(Path(str(NVDISASM)).parent)}
+                              ).stdout
         found.update(opcodes_by_kernel(sass))
     return found
 

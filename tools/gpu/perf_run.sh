@@ -3,7 +3,7 @@
 # of at most 9 minutes. Needs the peer wheels in .whl/ (carry it): flashinfer-python,
 # apache-tvm-ffi and liger-kernel (tools/gpu/flashinfer_wheels.sh downloads them).
 #   1. installs the wheels, rlk-core and rlk-flashinfer; builds rlk-cuda (sm_90a) while
-#      FlashInfer JIT-compiles its sampling kernels (~100 s) in parallel;
+#      FlashInfer JIT-compiles its sampling and topk modules (~100 s each) in parallel;
 #   2. runs, in parallel, rlk-cuda's float16/sampling GPU tests and the SASS check, and
 #      rlk-flashinfer's GPU tests;
 #   3. the sweep in float16 and bfloat16: sample (random row seeds) on cuda and flashinfer
@@ -18,12 +18,16 @@ mkdir -p "$OUT/bench"
 say "install peers, rlk-core and rlk-flashinfer"
 install_peers_and_rlk
 
-say "build rlk-cuda; FlashInfer's JIT alongside"
-(RLK_PLUGINS=flashinfer timeout 300 "$PY" -m rlk_flashinfer.warmup >/tmp/warmup.log 2>&1) &
-warm=$!
+say "build rlk-cuda; FlashInfer's JIT of its sampling and topk modules alongside"
+for module in sampling topk; do
+  (timeout 300 "$PY" -c "import flashinfer.$module as m; m.get_${module}_module()" \
+     >"/tmp/jit-$module.log" 2>&1; echo "JIT $module: exit $? after $(( $(date +%s) - start ))s") &
+done
 "$PY" -m pip install --no-build-isolation --no-deps packages/rlk-cuda >/tmp/build.log 2>&1 \
   || { tail -40 /tmp/build.log; exit 1; }
-wait "$warm"; cat /tmp/warmup.log
+say "rlk-cuda built"
+wait
+tail -3 /tmp/jit-*.log
 
 say "GPU tests in parallel"
 (cd packages/rlk-cuda && timeout 200 "$PY" -m pytest -q -p no:cacheprovider \

@@ -111,7 +111,7 @@ def _with_peers(**peers: Peer):
     from dataclasses import replace
 
     return replace(logp_workloads.LOGP, name="logp-test", peers=peers,
-                   smoke_cases=logp_workloads.SMOKE[:1])
+                   smoke_cases=logp_workloads.SMOKE)
 
 
 def test_a_bad_row_never_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -175,6 +175,7 @@ def test_a_peer_that_overwrites_its_inputs_is_restored_before_each_call(
     from dataclasses import replace
 
     workload = replace(logp_workloads.LOGP_BWD, name="logp-test",
+                       smoke_cases=logp_workloads.LOGP.smoke_cases,
                        peers={"clobber": Peer("clobber", build, mutates=("logits",)),
                               "eager": logp_workloads.LOGP.peers["eager"]})
     rows = _run(tmp_path, monkeypatch, workload, backends=[])
@@ -390,7 +391,7 @@ def test_each_case_runs_in_every_dtype_of_the_sweep() -> None:
     assert options.sweep_dtypes == [torch.float16, torch.bfloat16]
     groups = runner.plan(workloads.select(options.workloads), options)
     logp = [(g.case.label, g.dtype) for g in groups if g.workload.name == "logp"]
-    assert logp == [(case.label, dtype) for case in logp_workloads.SMOKE
+    assert logp == [(case.label, dtype) for case in logp_workloads.LOGP.smoke_cases
                     for dtype in (torch.float16, torch.bfloat16)]
     # a case that pins its dtype (the small ops' float32 inputs) runs once, in it
     assert {g.dtype for g in groups if g.workload.name == "policy-loss"} == {torch.float32}

@@ -398,3 +398,16 @@ def test_each_case_runs_in_every_dtype_of_the_sweep() -> None:
     assert Options(smoke=True).sweep_dtypes == [torch.float32]  # CPU: float32 only
     with pytest.raises(ValueError, match="int8"):
         parse_dtypes("bf16,int8")
+
+
+def test_compute_rooflines_use_the_rows_dtype() -> None:
+    """A float32 GEMM row is held to float32's measured rate, not bfloat16's."""
+    from rlk.bench.ceilings import Ceilings
+
+    limits = Ceilings(copy_gbps=1000.0, copy_bytes=1, gemm_tflops=800.0, gemm_size=8192,
+                      gemm_dtype="bfloat16",
+                      gemm_tflops_by_dtype={"bfloat16": 800.0, "float32": 50.0})
+    assert limits.roofline_ms(1e9, 8e14, "bfloat16") == (1000.0, "compute")
+    assert limits.roofline_ms(1e9, 8e14, "float32") == (16000.0, "compute")
+    assert limits.roofline_ms(1e9, 8e14, "float16") == (1000.0, "compute")  # not measured
+    assert limits.roofline_ms(4e9, 0.0, "float32") == (4.0, "memory")

@@ -30,7 +30,8 @@ def run(options: Options) -> Report:
             labels.append(group.case.label)
     meta["shapes"] = shapes
     meta["dtypes"] = [str(d).replace("torch.", "") for d in options.sweep_dtypes]
-    limits = ceilings.measure(options.device, dtype, options.smoke)
+    gemm_dtypes = list(dict.fromkeys([dtype, *options.sweep_dtypes]))  # the run's first
+    limits = ceilings.measure(options.device, gemm_dtypes, options.smoke)
     bar = progress.Progress(sum(len(g.impls) for g in groups))
     try:
         rows = list(runner.Runner(options, limits, bar).run(groups))

@@ -127,7 +127,10 @@ def markdown(report: Report) -> str:
         f"- dtypes: {', '.join(meta.get('dtypes', [meta['dtype']]))} (a shape naming its own "
         "dtype overrides them)",
         f"- ceilings measured in this run: copy {ceil.copy_gbps:.0f} GB/s (read + write), "
-        f"{ceil.gemm_dtype} GEMM {ceil.gemm_tflops:.1f} TFLOP/s ({ceil.gemm_size}^3)",
+        "GEMM " + ", ".join(f"{d} {r:.1f}" for d, r in
+                            (ceil.gemm_tflops_by_dtype or {ceil.gemm_dtype: ceil.gemm_tflops}
+                             ).items())
+        + f" TFLOP/s ({ceil.gemm_size}^3)",
         "- statuses: " + ", ".join(f"{k} {v}" for k, v in report.counts().items()),
         "",
     ]

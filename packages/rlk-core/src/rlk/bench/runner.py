@@ -210,7 +210,8 @@ class Runner:
 
     def _blank(self, group: Group, impl: Impl, dtype: torch.dtype) -> Row:
         cost = group.workload.cost(group.case, dtype, group.mode == FORWARD_BACKWARD)
-        roofline, bound = self.ceilings.roofline_ms(cost.bytes, cost.flops)
+        roofline, bound = self.ceilings.roofline_ms(cost.bytes, cost.flops,
+                                                    str(dtype).replace("torch.", ""))
         return Row(workload=group.workload.name, op=group.workload.op, mode=group.mode,
                    case=group.case.label, dims=dict(group.case.dims),
                    dtype=str(dtype).replace("torch.", ""), device=str(self.device),

@@ -101,6 +101,20 @@ def test_each_row_takes_its_own_path_and_keeps_its_token(fake: FakeFlashInfer):
                                rtol=0, atol=2e-5)
 
 
+def test_a_top_k_tie_past_the_shortlist_leaves_top_p_its_whole_mass(fake: FakeFlashInfer):
+    """Regression: 2000 logits tie at the k-th value, so the top-k set runs past the 1024 on
+    the shortlist. The min-p floor lies above them, but top-p is relative to the whole top-k
+    set's mass: measured on the shortlist alone, it would keep token 0 only."""
+    row = torch.full((3000,), -10.0)
+    row[0], row[1], row[2:2002] = 10.0, 9.5, 7.0
+    logits = row.expand(16, -1).contiguous()
+    tokens, _, processed = sample(logits, 1.0, 3, 0.015, 0.1, _seeds(16))
+    log_q = reference.sample_log_probs(logits[:1], top_k=3, top_p=0.015, min_p=0.1)[0]
+    assert log_q[:2].isfinite().all() and not log_q[2:].isfinite().any()
+    assert set(tokens.tolist()) <= {0, 1}
+    torch.testing.assert_close(processed.double(), log_q[tokens], rtol=0, atol=2e-6)
+
+
 def test_tied_logits_in_the_shortlist_do_not_move_a_token(fake: FakeFlashInfer):
     """The fake's top-k orders ties by batch size; the pick runs in vocabulary order."""
     logits = (_logits(6, 3000, seed=8) * 2).round().to(torch.bfloat16)  # many ties

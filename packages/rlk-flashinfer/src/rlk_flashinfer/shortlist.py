@@ -5,7 +5,9 @@ When every token the filters keep is among them (checked per row: the smallest o
 strictly below the cut that bounds the kept set), the filters, the draw and processed_logp
 need nothing else, and cost one read of the logits instead of FlashInfer's softmax and its
 renormalisations over the whole vocabulary. A top-k cut bounds the set whenever its ties fit
-among the K; with top_k off, a top-p nucleus or a min-p floor reached among the K does.
+among the K; with top_k off, a top-p nucleus or a min-p floor reached among the K does (a
+min-p floor also does under top-k when top-p is off: top-p is relative to the top-k set's
+mass, which needs that whole set).
 Rows whose kept set may reach past the K take the full-vocabulary path; which path a row
 takes depends only on its logits, so its token never depends on the batch.
 
@@ -69,7 +71,8 @@ def sample(values: Tensor, indices: Tensor, vocab: int, temperature: float, top_
     if min_p > 0.0:
         floor = top + math.log(min_p)
         keep &= scaled >= floor
-        fits |= smallest < floor[:, 0]
+        if top_k == 0 or top_p == 1.0:  # else top-p needs the whole top-k set's mass
+            fits |= smallest < floor[:, 0]
     kept = torch.where(keep, weight, 0.0)
     order = indices.argsort(-1)
     kept, indices = kept.gather(1, order), indices.gather(1, order)

@@ -333,12 +333,13 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
   } else {
     const float tau = greedy ? 0.f : fminf(fminf(tau_k, tau_p), tau_m);
     float z = 0.f;
+    GumbelRun noise(seed);
     for_each_elem(p, V, [&](int64_t idx, float x) {
       const float d = (m - x) * inv_t;
       if (d <= tau) {
         z += mass_of(d);
-        const float noise = greedy ? 0.f : gumbel_noise(seed, static_cast<uint32_t>(idx));
-        pick = better(pick, Pick{-d + noise, static_cast<int>(idx)});
+        const float g = greedy ? 0.f : noise(static_cast<uint32_t>(idx));
+        pick = better(pick, Pick{-d + g, static_cast<int>(idx)});
       }
     });
     z_f = block_sum<kThreads>(z, sh.fred);

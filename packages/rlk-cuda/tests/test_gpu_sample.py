@@ -3,6 +3,8 @@ determinism per seed, batch invariance and the empirical distribution."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from rlk.testing.poison import poisoned_allocations
@@ -137,3 +139,37 @@ def test_bits_do_not_depend_on_row_alignment() -> None:
         alone = sample(logits[r : r + 1].clone(), 0.8, 40, 0.9, 0.0, seeds[r : r + 1])
         for x, y in zip(full, alone, strict=True):
             assert torch.equal(x[r : r + 1], y)
+
+
+def _philox4x32_10(counter: tuple[int, int, int, int], key: tuple[int, int]) -> list[int]:
+    """Philox4x32-10 on the host, as csrc/philox.cuh computes it."""
+    mask = 0xFFFFFFFF
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
+        c0, c1, c2, c3 = ((p1 >> 32) ^ c1 ^ k0) & mask, p1 & mask, ((p0 >> 32) ^ c3 ^ k1) & mask, \
+            p0 & mask
+        k0, k1 = (k0 + 0x9E3779B9) & mask, (k1 + 0xBB67AE85) & mask
+    return [c0, c1, c2, c3]
+
+
+def _gumbel(seed: int, idx: int) -> float:
+    """Token idx's Gumbel noise in the row seeded with `seed` (philox.cuh's gumbel_noise)."""
+    pattern = seed % 2**64
+    bits = _philox4x32_10((idx >> 2, 0, 0x726C6B73, 0), (pattern & 0xFFFFFFFF, pattern >> 32))
+    u = ((bits[idx & 3] >> 8) + 0.5) * 2.0**-24
+    return -math.log(-math.log(u))
+
+
+def test_plain_sampling_is_gumbel_max_with_each_tokens_own_philox_bits() -> None:
+    """Regression for the Philox block shared by four neighbouring tokens: every token
+    still gets the bits of its own counter, so the draw is argmax(logit + noise(token))."""
+    logits = _logits(8, 37, torch.float32, seed=21, scale=1.0)  # 37: a scalar tail too
+    seeds = torch.randint(-(2**62), 2**62, (8,), device="cuda")
+    tokens, _, _ = sample(logits, 1.0, 0, 1.0, 0.0, seeds)
+    for row in range(8):
+        scores = [float(logits[row, j]) + _gumbel(int(seeds[row]), j) for j in range(37)]
+        ranked = sorted(range(37), key=lambda j: -scores[j])
+        near_tie = scores[ranked[0]] - scores[ranked[1]] < 1e-4  # float32 rounding may decide
+        assert int(tokens[row]) == ranked[0] or (near_tie and int(tokens[row]) == ranked[1])

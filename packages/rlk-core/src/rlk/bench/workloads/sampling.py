@@ -1,7 +1,8 @@
 """`sample`: one token per row, as a rollout engine draws them, in the settings users run.
 
-Each case names its filters: top-k 50 with top-p 0.9 (a common default) and top-p 0.95 with
-min-p 0.05 (a common reasoning-model setting), over batches of 64 to 1024 rows and
+Each case names its filters: none (plain sampling at temperature 1, as on-policy RL rollouts
+draw), top-k 50 with top-p 0.9 (a common default) and top-p 0.95 with min-p 0.05 (a common
+reasoning-model setting), over batches of 64 to 1024 rows and
 vocabularies of 128k and 256k, in every dtype of the run. Logits have a standard deviation
 of 3 (language models emit 2 to 4; near-uniform logits would make every filter keep most
 of the vocabulary), and every row has its own random seed, as a trainer that tracks
@@ -36,6 +37,7 @@ from rlk.bench.workload import (
 )
 
 TEMPERATURE, LOGIT_STD = 1.0, 3.0
+PLAIN = {"top_k": 0, "top_p": 1.0, "min_p": 0.0}
 TOP_K_TOP_P = {"top_k": 50, "top_p": 0.9, "min_p": 0.0}
 TOP_P_MIN_P = {"top_k": 0, "top_p": 0.95, "min_p": 0.05}
 
@@ -43,7 +45,7 @@ TOP_P_MIN_P = {"top_k": 0, "top_p": 0.95, "min_p": 0.05}
 def case(b: int, v: int, filters: dict[str, float], dtype: torch.dtype | None = None) -> Case:
     """B rows of V logits under `filters` (the ones switched on are named in the label)."""
     named = " ".join(f"{name}={value:g}" for name, value in filters.items()
-                     if value not in (0, 1.0))
+                     if value not in (0, 1.0)) or "no filter"
     suffix = "" if dtype is None else f" {str(dtype).replace('torch.', '')}"
     return Case(f"B={b} V={v} {named}{suffix}", {"B": b, "V": v, **filters}, dtype=dtype)
 
@@ -78,9 +80,14 @@ def rlk_call(backward: bool) -> Call:
 
 def eager_sample(logits: Tensor, temperature: float, top_k: int, top_p: float,
                  min_p: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Sort-based filters in PyTorch (top-k by torch.topk first when asked), with the token's
-    log-prob and processed log-prob, as trainers without a fused sampler write it."""
+    """Sort-based filters in PyTorch (top-k by torch.topk first when asked; no sort without a
+    filter), with the token's log-prob and processed log-prob, as trainers without a fused
+    sampler write it."""
     log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
+    if (top_k, top_p, min_p) == (0, 1.0, 0.0):  # no filter: no sort either
+        tokens = torch.multinomial(log_probs.exp(), 1).squeeze(-1)
+        logp = log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        return tokens, logp, logp
     if top_k > 0:
         top, index = log_probs.topk(top_k, dim=-1)
     else:
@@ -112,12 +119,16 @@ def _torch_peer(compile_it: bool) -> Peer:
 
 
 def _flashinfer(case: Case, backward: bool, device: torch.device) -> Call:
-    """FlashInfer as SGLang drives it: its softmax, then one fused rejection sampler (top-k
-    and top-p jointly), or with min-p the renormalisations and the min-p sampler."""
+    """FlashInfer as its users drive it: with no filter, its fused logits sampler (Gumbel-max,
+    one pass); else as SGLang does, its softmax, then one fused rejection sampler (top-k and
+    top-p jointly), or with min-p the renormalisations and the min-p sampler."""
     load = lambda name: peers.load("flashinfer", "flashinfer.sampling", name, device)  # noqa: E731
-    softmax = load("softmax")
     filters = _filters(case)
     top_k, top_p, min_p = filters["top_k"], filters["top_p"], filters["min_p"]
+    if (top_k, top_p, min_p) == (0, 1.0, 0.0):
+        from_logits = load("sampling_from_logits")
+        return lambda x: {"tokens": from_logits(x["logits"])}
+    softmax = load("softmax")
     if min_p == 0.0:
         joint = load("top_k_top_p_sampling_from_probs")
         k = top_k or int(case.dims["V"])  # FlashInfer's joint sampler has no "off" for top-k
@@ -167,12 +178,12 @@ def cost(case: Case, dtype: torch.dtype, backward: bool) -> Cost:
 
 SAMPLE = Workload(
     name="sample", op="sample", modes=(FORWARD,),
-    cases=tuple(case(b, v, filters) for filters in (TOP_K_TOP_P, TOP_P_MIN_P)
+    cases=tuple(case(b, v, filters) for filters in (PLAIN, TOP_K_TOP_P, TOP_P_MIN_P)
                 for v in (128256, 256000) for b in (64, 256, 1024)),
     smoke_cases=(case(8, 500, TOP_P_MIN_P, torch.float32),),
     inputs=make_inputs, rlk_call=rlk_call, reference=expected, compare=compare, cost=cost,
     peers={"eager": _torch_peer(False), "compile": _torch_peer(True),
            "flashinfer": Peer("flashinfer", _flashinfer, note="tokens only, no log-probs")},
-    doc="rlk.sample: top-k 50/top-p 0.9 and top-p 0.95/min-p 0.05, temperature 1, a random "
-        "seed per row; returns logp and processed_logp too")
+    doc="rlk.sample: no filter, top-k 50/top-p 0.9 and top-p 0.95/min-p 0.05, temperature 1, "
+        "a random seed per row; returns logp and processed_logp too")
 WORKLOADS = (SAMPLE,)

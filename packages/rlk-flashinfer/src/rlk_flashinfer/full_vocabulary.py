@@ -37,12 +37,15 @@ def blocks(batch: int, vocab: int) -> list[slice]:
 
 def sample_rows(logits: Tensor, rows: Tensor, temperature: float, top_k: int, top_p: float,
                 min_p: float, uniforms: Tensor, tokens: Tensor, log_mass: Tensor) -> None:
-    """Sample logits[rows] (valid rows), writing into `tokens` and `log_mass` at `rows`."""
+    """Sample logits[rows] (valid rows, in increasing order), writing into `tokens` and
+    `log_mass` at `rows`."""
     fi = library.load_sampling()
+    every_row = rows.numel() == logits.shape[0]  # then rows is arange: slice, do not gather
     for part in blocks(rows.numel(), logits.shape[1]):
         chosen = rows[part]
-        picked, mass = _sample_block(fi, logits.index_select(0, chosen), uniforms[chosen],
-                                     temperature, top_k, top_p, min_p)
+        block = logits[part].contiguous() if every_row else logits.index_select(0, chosen)
+        picked, mass = _sample_block(fi, block, uniforms[chosen], temperature, top_k, top_p,
+                                     min_p)
         tokens[chosen] = picked
         log_mass[chosen] = mass
 

@@ -219,7 +219,9 @@ class Options:
 
     @classmethod
     def _unknown_message(cls, name: str) -> str:
-        close = difflib.get_close_matches(name, cls.names(), n=1)
+        names = cls.names()
+        close = ([known for known in names if name.startswith(known) or known.startswith(name)]
+                 or difflib.get_close_matches(name, names, n=1))
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         return (f"{cls.op_name} got an unexpected option {name!r}{hint}; its options are "
                 f"{', '.join(cls.names())}")

@@ -3,7 +3,6 @@
 // No CUDA header here: the nanobind module compiles with the host compiler alone.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 
 namespace rlk {
@@ -110,28 +109,29 @@ struct Operand {
   int type;          // ElemType
 };
 
-// rlk.PolicyLossOptions as the kernels take it (choices as indices into the option's tuple).
-// "None" options are encoded as 0 (dual_clip, ratio_cap, kl_clamp, tis_cap, divisor) or as
-// -inf / +inf (log_ratio_min / log_ratio_max).
+// rlk.PolicyLossOptions as the kernels take it (choices as indices into the option's tuple);
+// rlk_cuda.policy_loss.settings sets every field, so no default lives here. "None" options are
+// encoded as 0 (dual_clip, ratio_cap, kl_clamp, tis_cap, divisor) or as -inf / +inf
+// (log_ratio_min / log_ratio_max).
 struct PolicyLossSettings {
-  int objective = 0;          // ppo, cispo, sapo, vespo
-  int ratio_level = 0;        // token, sequence, sequence-token
-  float clip_low = 0.2f, clip_high = 0.2f;
-  float dual_clip = 0.0f, ratio_cap = 0.0f;
-  float log_ratio_min = -INFINITY, log_ratio_max = INFINITY;
-  float sapo_temperature_pos = 1.0f, sapo_temperature_neg = 1.05f;
-  float vespo_k_pos = 2.0f, vespo_lambda_pos = 3.0f, vespo_k_neg = 3.0f, vespo_lambda_neg = 2.0f;
-  float kl_coef = 0.0f;
-  int kl_estimator = 2;       // k1, k2, k3, abs (the value)
-  bool kl_straight_through = false;  // the gradient is k2's ("k3+")
-  float kl_clamp = 0.0f;
-  bool kl_bias_correction = false;
-  float tis_cap = 0.0f;
-  int agg = 0;                // token-mean, token-sum, seq-mean-token-mean, seq-mean-token-sum,
+  int objective;              // ppo, cispo, sapo, vespo
+  int ratio_level;            // token, sequence, sequence-token
+  float clip_low, clip_high;
+  float dual_clip, ratio_cap;
+  float log_ratio_min, log_ratio_max;
+  float sapo_temperature_pos, sapo_temperature_neg;
+  float vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg;
+  float kl_coef;
+  int kl_estimator;           // k1, k2, k3, abs (the value)
+  bool kl_straight_through;   // the gradient is k2's ("k3+")
+  float kl_clamp;
+  bool kl_bias_correction;
+  float tis_cap;
+  int agg;                    // token-mean, token-sum, seq-mean-token-mean, seq-mean-token-sum,
                               // seq-mean-token-sum-norm
-  double divisor = 0.0;
-  bool count_empty_rows = false;
-  double scale = 1.0;
+  double divisor;
+  bool count_empty_rows;
+  double scale;
 };
 
 constexpr int kPolicyLossRowStats = 9;  // float64 scratch per sequence: rows is [B, 9]

@@ -8,13 +8,11 @@ runs found by search, ids in any other order by scanning for members.
 from __future__ import annotations
 
 import torch
-from rlk.ops.advantages_options import GroupAdvantagesOptions
+from rlk.ops.advantages_options import NORMALIZATIONS, GroupAdvantagesOptions
 from torch import Tensor
 
 from rlk_cuda import _ext
 from rlk_cuda._launch import device_of, ptr, same_device, stream
-
-NORMALIZE = ("std", "batch-std", "none")  # rlk_api.h GroupAdvNormalize
 
 
 def forward(rewards: Tensor, group_ids: Tensor | None, group_size: int, num_groups: int,
@@ -41,7 +39,7 @@ def forward(rewards: Tensor, group_ids: Tensor | None, group_size: int, num_grou
     ext.group_advantages(
         device=device, stream=stream(device), rewards=ptr(rewards), group_ids=ptr(ids),
         N=rewards.numel(), num_groups=int(num_groups), group_size=int(group_size),
-        normalize=NORMALIZE.index(options.normalize),
+        normalize=NORMALIZATIONS.index(options.normalize),  # rlk_api.h GroupAdvNormalize
         leave_one_out=options.baseline == "loo", nan_ignore=options.nan == "ignore",
         singleton_reward=options.singleton == "reward", eps=options.eps, out=ptr(out),
         ordered_chunks=ptr(ordered_chunks), batch_std=ptr(batch_std))

@@ -7,6 +7,8 @@ from typing import ClassVar
 
 from rlk.ops.options import Options, choice, number, option_set
 
+NORMALIZATIONS = ("std", "batch-std", "none")
+BASELINES = ("mean", "loo")
 
 @option_set
 class GroupAdvantagesOptions(Options):
@@ -22,8 +24,8 @@ class GroupAdvantagesOptions(Options):
 
     op_name: ClassVar[str] = "group_advantages"
 
-    normalize: str = choice("std", ("std", "batch-std", "none"))
-    baseline: str = choice("mean", ("mean", "loo"))
+    normalize: str = choice("std", NORMALIZATIONS)
+    baseline: str = choice("mean", BASELINES)
     eps: float = number(1e-6, low=0.0)
     nan: str = choice("propagate", ("propagate", "ignore"))
     singleton: str = choice("zero", ("zero", "reward"))

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from rlk.dispatch import Policy, captured_policy, get_dispatcher, scoped_policy
@@ -171,6 +172,7 @@ class _KernelFunction(torch.autograd.Function):
         return outputs
 
     @staticmethod
+    @once_differentiable  # kernels have no double backward: say so instead of returning 0
     def backward(ctx: Any, *grads: Tensor | None) -> Any:
         call: _Call = ctx.call
         eager = call.spec.eager

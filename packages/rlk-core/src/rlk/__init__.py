@@ -14,10 +14,12 @@ from rlk.dispatch import use_backends
 from rlk.errors import BackendUnavailableError, PluginError
 from rlk.introspect import BackendInfo, backends, explain
 from rlk.ops.advantages import group_advantages
+from rlk.ops.advantages_options import GroupAdvantagesOptions
 from rlk.ops.entropy import entropy
 from rlk.ops.linear_logp import linear_logp, linear_logp_entropy
 from rlk.ops.logp import logp, logp_entropy
 from rlk.ops.policy_loss import policy_loss
+from rlk.ops.policy_loss_options import PolicyLossOptions
 from rlk.ops.sample import Sampled, sample
 from rlk.plugins import PLUGIN_API_VERSION, hookimpl
 
@@ -25,7 +27,9 @@ __all__ = [
     "PLUGIN_API_VERSION",
     "BackendInfo",
     "BackendUnavailableError",
+    "GroupAdvantagesOptions",
     "PluginError",
+    "PolicyLossOptions",
     "Sampled",
     "__version__",
     "backends",

@@ -71,7 +71,9 @@ def _shifted(chunk: Tensor, shift: Tensor) -> Tensor:
     """chunk - shift as a fresh contiguous tensor of shift's dtype, in one pass: a row's
     bits must not depend on the strides of the logits it came from."""
     out = torch.empty(chunk.shape, dtype=shift.dtype, device=chunk.device)
-    return torch.sub(chunk, shift, out=out)
+    if chunk.dtype == shift.dtype:
+        return torch.sub(chunk, shift, out=out)
+    return out.copy_(chunk).sub_(shift)  # torch's mixed-dtype sub is the slower path
 
 
 def _over_temperature(values: Tensor, temperature: Temperature) -> Tensor:
@@ -84,30 +86,32 @@ def _over_temperature(values: Tensor, temperature: Temperature) -> Tensor:
 
 @dataclass(frozen=True)
 class _RowStats:
-    """A chunk's log-probabilities (compute dtype), float64 log-sum-exp and entropy."""
+    """A chunk's log-probabilities at the asked columns (compute dtype), and each row's
+    float64 log-sum-exp and entropy."""
 
     log_probs: Tensor
     lse: Tensor
     entropy: Tensor | None
 
 
-def _row_stats(chunk: Tensor, temperature: Temperature, dtype: torch.dtype,
+def _row_stats(chunk: Tensor, temperature: Temperature, dtype: torch.dtype, columns: Tensor,
                with_entropy: bool) -> _RowStats:
     """Softmax statistics of chunk / T, exact to the compute dtype where one token dominates.
 
     Each row's largest logit is subtracted first (dividing by T < 1 cannot overflow then),
-    so its largest entry is 0 and contributes exactly 1 to the sum of exponentials. The sum
-    leaves that 1 out and log(1 + rest) is taken as log1p(rest): the float32 sum 1 + rest
-    (what torch's log_softmax forms) loses every term below float32's spacing at 1, which
-    is the whole tail of a confident prediction over a large vocabulary.
+    so its largest entry is 0 and its exponential exactly 1. The sum leaves that 1 out and
+    takes log1p of the rest: a sum 1 + rest in the compute dtype loses every term below its
+    spacing at 1, which is all of a confident prediction's tail over a large vocabulary
+    (torch's log_softmax does).
     """
-    top = chunk.amax(dim=1, keepdim=True).to(dtype)
+    values, top_column = chunk.max(dim=1, keepdim=True)
+    top = values.to(dtype)
     finite = torch.isfinite(top)
     shift = torch.where(finite, top, 0.0)
     x = _divide(_shifted(chunk, shift), temperature)
-    exps = x.exp()
-    exps.scatter_(1, x.argmax(dim=1, keepdim=True), 0.0)
-    rest = exps.sum(dim=1, keepdim=True)
+    picked = x.gather(1, columns)
+    exps = x.exp() if with_entropy else x.exp_()
+    rest = exps.scatter_(1, top_column, 0.0).sum(dim=1, keepdim=True)
     log_sum = torch.log1p(rest)
     entropy = None
     if with_entropy:  # H = log_sum - sum_j p_j x_j with p_j = exp_j / (1 + rest)
@@ -120,7 +124,7 @@ def _row_stats(chunk: Tensor, temperature: Temperature, dtype: torch.dtype,
     # an all -inf row has logsumexp -inf (vocabulary shards rely on it), not NaN
     lse = torch.where(x_top == -math.inf, x_top, lse)
     lse += _over_temperature(shift.squeeze(1), temperature)
-    return _RowStats(x.sub_(log_sum), lse, entropy)
+    return _RowStats(picked.sub_(log_sum), lse, entropy)
 
 
 def _log_probs(chunk: Tensor, temperature: Temperature, lse: Tensor,
@@ -164,15 +168,15 @@ def forward(logits: Tensor, tokens: Tensor, temperature: Temperature, ignore_ind
                 result.fill_(math.nan)
         return logp, entropy, lse
     for chunk in _chunks(total, num_rows, vocab, rows, dtype):
-        stats = _row_stats(chunk.take(logits), chunk.temperature(temperature), dtype,
+        tok = _columns(chunk.take(tokens))
+        valid, safe = _in_vocab(tok, vocab)
+        stats = _row_stats(chunk.take(logits), chunk.temperature(temperature), dtype, safe,
                            entropy is not None)
         chunk_lse = stats.lse
         if chunk.lost is not None:
             chunk_lse.masked_fill_(chunk.lost, math.nan)
-        tok = _columns(chunk.take(tokens))
-        valid, safe = _in_vocab(tok, vocab)
         usable = valid & torch.isfinite(chunk_lse).unsqueeze(1)
-        picked = torch.where(usable, stats.log_probs.gather(1, safe), math.nan)
+        picked = torch.where(usable, stats.log_probs, math.nan)
         ignored = tok == ignore_index
         logp_rows[chunk.start:chunk.stop] = picked.masked_fill_(ignored, 0.0)
         lse[chunk.start:chunk.stop] = chunk_lse

@@ -10,7 +10,8 @@ from torch import Tensor
 
 from rlk import reference
 from rlk.ops import validate
-from rlk.ops.spec import OpSpec, Sample, Tolerance
+from rlk.ops.contract import Out
+from rlk.ops.spec import NativeKernel, OpSpec, Sample, Tolerance
 
 NORMALIZE = ("std", "none")
 BASELINES = ("mean", "loo")
@@ -159,6 +160,16 @@ def _opcheck_case(args: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
     )
 
 
+def _output_meta(rewards: Tensor, *_: Any, **__: Any) -> tuple[Out | None, ...]:
+    return (Out(tuple(rewards.shape), torch.float32, rewards.device),)
+
+
+def _shape_call(shape: Any, dtype: torch.dtype) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if len(shape) != 1:
+        raise ValueError(f"takes --shape N; got {shape}")
+    return (torch.empty(shape, dtype=dtype, device="meta"),), {"group_size": 1}
+
+
 GROUP_ADVANTAGES = OpSpec(
     name="group_advantages",
     main_input="rewards",
@@ -171,5 +182,8 @@ GROUP_ADVANTAGES = OpSpec(
     dtypes=(torch.float32,),
     opcheck_case=_opcheck_case,
     doc="GRPO / RLOO group advantages",
+    native=NativeKernel("rlk.native.advantages:forward"),
+    output_meta=_output_meta,
+    shape_call=_shape_call,
+    shape_help="N",
 )
-SPECS = (GROUP_ADVANTAGES,)

@@ -11,7 +11,8 @@ from torch import Tensor
 from rlk import config, reference
 from rlk.ops import temperature as temperatures
 from rlk.ops import validate
-from rlk.ops.spec import OpSpec, Sample, Tolerance, register_autograd
+from rlk.ops.contract import Out
+from rlk.ops.spec import NativeKernel, OpSpec, Sample, Tolerance, register_autograd
 from rlk.ops.temperature import Temperature
 
 # ---------------------------------------------------------------------------
@@ -451,6 +452,26 @@ def _batch_slice(args: dict[str, Any], start: int, stop: int) -> dict[str, Any] 
                 temperature=temperature)
 
 
+def _output_meta(logits: Tensor, tokens: Tensor, temperature: Temperature, ignore_index: int,
+                 rows: Tensor | None, out: Tensor | None,
+                 with_entropy: bool) -> tuple[Out | None, ...]:
+    row = Out((logits.shape[0] if rows is None else rows.shape[0],), torch.float32,
+              logits.device)
+    return row, (row if with_entropy else None), row
+
+
+def _grad_meta(grad_logp: Tensor, grad_entropy: Tensor | None, logits: Tensor,
+               *_: Any) -> tuple[Out | None, ...]:
+    return (Out(tuple(logits.shape), logits.dtype, logits.device),)
+
+
+def _shape_call(shape: Any, dtype: torch.dtype) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if len(shape) < 2:
+        raise ValueError(f"takes --shape N,V (or more leading sizes, e.g. B,T,V); got {shape}")
+    logits = torch.empty(shape, dtype=dtype, device="meta")
+    return (logits, torch.empty(shape[:-1], dtype=torch.int64, device="meta")), {}
+
+
 # Inputs are exact in every dtype (the reference upcasts the same values), so only
 # float32 accumulation separates a kernel from the reference.
 _TOLERANCES = {dtype: Tolerance(atol=2e-5, rtol=1e-5) for dtype in validate.FLOATS}
@@ -477,9 +498,13 @@ def _spec(name: str, with_entropy: bool, doc: str) -> OpSpec:
         grad_tolerances=_GRAD_TOLERANCES,
         batch_slice=_batch_slice,
         doc=doc,
+        native=NativeKernel("rlk.native.logp:forward", "rlk.native.logp:backward"),
+        output_meta=_output_meta,
+        grad_meta=_grad_meta,
+        shape_call=_shape_call,
+        shape_help="N,V",
     )
 
 
 LOGP = _spec("logp", False, "log softmax(logits / T) at tokens")
 LOGP_ENTROPY = _spec("logp_entropy", True, "logp and the entropy of softmax(logits / T)")
-SPECS = (LOGP, LOGP_ENTROPY)

@@ -15,8 +15,8 @@ from torch import Tensor
 
 from rlk import reference
 from rlk.ops import validate
-from rlk.ops.spec import GradCase, OpSpec, Sample, Tolerance, register_autograd
-from rlk.registry import Kernel
+from rlk.ops.contract import BoundKernel, Out
+from rlk.ops.spec import GradCase, NativeKernel, OpSpec, Sample, Tolerance, register_autograd
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 RATIO_LEVELS = ("token", "sequence")
@@ -282,7 +282,8 @@ def _reference_options(args: Mapping[str, Any]) -> dict[str, Any]:
     return dict(_options(args), ref_logp=args["ref_logp"], rollout_logp=args["rollout_logp"])
 
 
-def _grad_check(kernel: Kernel, args: dict[str, Any], gen: torch.Generator) -> Iterator[GradCase]:
+def _grad_check(kernel: BoundKernel, args: dict[str, Any],
+                gen: torch.Generator) -> Iterator[GradCase]:
     """The kernel's backward against autograd through the float64 reference."""
     grad_loss = (torch.rand((), generator=gen) + 0.5).to(args["logp"].device)
     leaf = args["logp"].detach().to(torch.float64).requires_grad_(True)
@@ -299,6 +300,21 @@ def _opcheck_case(args: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
     return torch.ops.rlk.policy_loss.default, (logp, *rest)
 
 
+def _output_meta(logp: Tensor, *_: Any, **__: Any) -> tuple[Out | None, ...]:
+    return Out((), torch.float32, logp.device), Out((len(METRICS),), torch.float32, logp.device)
+
+
+def _grad_meta(grad_loss: Tensor, logp: Tensor, *_: Any, **__: Any) -> tuple[Out | None, ...]:
+    return (Out(tuple(logp.shape), torch.float32, logp.device),)
+
+
+def _shape_call(shape: Any, dtype: torch.dtype) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if len(shape) != 2:
+        raise ValueError(f"takes --shape B,T; got {shape}")
+    logp = torch.empty(shape, dtype=dtype, device="meta")
+    return (logp, logp, torch.empty(shape[0], device="meta"), logp), {}
+
+
 POLICY_LOSS = OpSpec(
     name="policy_loss",
     main_input="logp",
@@ -313,5 +329,9 @@ POLICY_LOSS = OpSpec(
     grad_check=_grad_check,
     grad_tolerances={torch.float32: Tolerance(atol=1e-6, rtol=1e-5)},
     doc="PPO / GRPO / DAPO / Dr. GRPO / GSPO clipped policy loss",
+    native=NativeKernel("rlk.native.policy_loss:forward", "rlk.native.policy_loss:backward"),
+    output_meta=_output_meta,
+    grad_meta=_grad_meta,
+    shape_call=_shape_call,
+    shape_help="B,T",
 )
-SPECS = (POLICY_LOSS,)

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from rlk.dispatch import captured_policy, get_dispatcher, scoped_policy
+from rlk.dispatch import Selection, captured_policy, current_policy, get_dispatcher, scoped_policy
+from rlk.ops.contract import BoundKernel, MetaFn
 from rlk.registry import Kernel
 
 KernelArgs = dict[str, Any]
 GradCase = tuple[str, Tensor, Tensor]
+# --shape sizes and a dtype -> (args, kwargs) of the public function, on the meta device
+ShapeCall = Callable[[Sequence[int], torch.dtype], tuple[tuple[Any, ...], dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,16 @@ class Sample:
 
 
 @dataclass(frozen=True)
+class NativeKernel:
+    """The built-in backend's kernel for an op ("module:function" targets), and the ops it
+    dispatches itself (explain and doctor show which backend serves those)."""
+
+    forward: str
+    backward: str | None = None
+    uses: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class OpSpec:
     """Everything core knows about one operator; the conformance kit reads only this.
 
@@ -49,6 +62,12 @@ class OpSpec:
       torch.library.opcheck.
     - `batch_slice`: kernel arguments restricted to rows [start, stop), or None where
       batch invariance has no meaning for these arguments.
+    - `native`: the built-in backend's kernel (registered by rlk.native.plugin).
+    - `output_meta` / `grad_meta`: called with a forward / backward kernel call's own
+      arguments, what each tensor it returns must be (`Out`, or None: unchecked); every
+      call is checked against them (see rlk.ops.contract).
+    - `shape_call` / `shape_help`: the public call `rlk-core explain OP --shape ...`
+      explains, built on the meta device, and the shape it takes ("N,V").
     """
 
     name: str
@@ -61,16 +80,49 @@ class OpSpec:
     tolerances: Mapping[torch.dtype, Tolerance]
     dtypes: tuple[torch.dtype, ...]
     opcheck_case: Callable[[KernelArgs], tuple[Any, tuple[Any, ...]]]
-    grad_check: Callable[[Kernel, KernelArgs, torch.Generator], Iterator[GradCase]] | None = None
+    grad_check: Callable[[BoundKernel, KernelArgs, torch.Generator],
+                         Iterator[GradCase]] | None = None
     grad_tolerances: Mapping[torch.dtype, Tolerance] | None = None
     batch_slice: Callable[[KernelArgs, int, int], KernelArgs | None] | None = None
     doc: str = ""
+    native: NativeKernel | None = None
+    output_meta: MetaFn | None = None
+    grad_meta: MetaFn | None = None
+    shape_call: ShapeCall | None = None
+    shape_help: str = ""
 
-    def kernel(self, args: Mapping[str, Any]) -> Kernel:
+    @property
+    def differentiable(self) -> bool:
+        return self.grad_check is not None
+
+    def kernel(self, args: Mapping[str, Any]) -> BoundKernel:
         """The selected backend's kernel for these kernel-level arguments."""
         main = args[self.main_input]
-        flags = self.flags(args)
-        return get_dispatcher().kernel_for(self.name, main.device, main.dtype, flags, args)
+        return get_dispatcher().kernel_for(self.name, main.device, main.dtype, self.flags(args),
+                                           args, self.needs_grad(args), self.bind)
+
+    def select(self, args: Mapping[str, Any]) -> Selection:
+        """The selection for these kernel-level arguments, with every rejection (explain)."""
+        main = args[self.main_input]
+        dispatcher = get_dispatcher()
+        dispatcher.loader.ensure_loaded()
+        return dispatcher.decide(self.name, main.device, main.dtype, args,
+                                 current_policy(dispatcher), self.needs_grad(args))
+
+    def bind(self, kernel: Kernel) -> BoundKernel:
+        """`kernel` with this op's output contract attached."""
+        return BoundKernel(kernel, self.output_meta, self.grad_meta)
+
+    def needs_grad(self, args: Mapping[str, Any]) -> bool:
+        """Whether the call needs a kernel with a backward: an input tensor requires grad.
+
+        Metadata only, the same inside the torch op as in `explain`. Inside
+        torch.compile tensors do not carry requires_grad, so there a kernel without a
+        backward can be chosen and fails, naming the way around, at `.backward()`.
+        """
+        return self.differentiable and any(
+            isinstance(value, Tensor) and value.requires_grad for value in args.values()
+        )
 
 
 def register_autograd(op: Any, backward: Callable[..., Any],

@@ -186,7 +186,7 @@ def test_plugin_api_versions_core_does_not_speak_are_refused(use_plugins):
     record = _records()["future"]
     assert record.status == "failed"
     assert "newer than rlk-core's" in record.error
-    assert plugins.api_mismatch("one") == "declares RLK_PLUGIN_API = 'one', not a 'major.minor' string"
+    assert "not a 'major.minor' string" in str(plugins.api_mismatch("one"))
     assert plugins.api_mismatch("0.9") is not None
     assert plugins.api_mismatch("1.0") is None
 

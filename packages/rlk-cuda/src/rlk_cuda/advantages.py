@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlk_cuda import _ext
-from rlk_cuda._launch import device_of, ptr, same_device, stream
+from . import _ext
+from ._launch import device_of, ptr, same_device, stream
 
 NORMALIZE = ("std", "none")
 BASELINES = ("mean", "loo")

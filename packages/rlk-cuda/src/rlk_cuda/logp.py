@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlk_cuda import _ext, logp_path
-from rlk_cuda._launch import device_of, dtype_code, f32_empty, ptr, rows_major, same_device, stream
+from . import _ext, logp_path
+from ._launch import device_of, dtype_code, f32_empty, ptr, rows_major, same_device, stream
 
 Temperature = float | Tensor
 
@@ -35,7 +35,7 @@ def launch_forward(
 ) -> None:
     """Run the forward kernel into caller-provided float32 outputs (None skips an output).
 
-    RLK_CUDA_LOGP_FORWARD picks the kernel (rlk_cuda.logp_path); the sampler's statistics pass
+    RLK_CUDA_LOGP_FORWARD picks the kernel (logp_path); the sampler's statistics pass
     comes through here too, so its logp keeps matching this forward bit for bit.
     """
     device = device_of("logits", logits)

@@ -8,11 +8,11 @@ rlk.native.policy_loss; masked tokens are never used, so NaN or inf there is har
 from __future__ import annotations
 
 import torch
-from rlk.ops.policy_loss import AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS
+from rlk.backend import AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS
 from torch import Tensor
 
-from rlk_cuda import _ext
-from rlk_cuda._launch import device_of, f32_empty, ptr, same_device, stream
+from . import _ext
+from ._launch import device_of, f32_empty, ptr, same_device, stream
 
 Settings = tuple[float, float, float, float, int, bool, int, float]
 
@@ -38,7 +38,7 @@ def _operand(name: str, tensor: Tensor | None, shapes: tuple[tuple[int, ...], ..
     if tensor is None:
         return None
     if tensor.dtype != torch.float32:
-        raise TypeError(f"{name} must be float32 for rlk_cuda; got {tensor.dtype}")
+        raise TypeError(f"{name} must be float32 for {__package__}; got {tensor.dtype}")
     if tuple(tensor.shape) not in shapes:
         raise ValueError(f"{name} must have shape {shapes[0]}; got {tuple(tensor.shape)}")
     same_device(name, tensor, device)

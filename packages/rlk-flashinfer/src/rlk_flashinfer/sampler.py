@@ -24,7 +24,7 @@ from types import ModuleType
 
 import torch
 
-from rlk.ops.sample import drawn_logp
+from rlk.backend import drawn_logp
 from rlk_flashinfer import library
 from rlk_flashinfer.seeds import plan_launches
 

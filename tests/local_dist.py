@@ -4,8 +4,9 @@ importlib.metadata, and so rlk's plugin loader, find it."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 
 def install(root: Path, pyproject: str, files: dict[str, str]) -> None:

@@ -116,3 +116,16 @@ def test_unknown_backend_names_are_warned_and_found(use_plugins, fresh_rlk, capl
     report = json.loads(capsys.readouterr().out)
     assert any(f["id"] == "unknown-name" and "RLK_BACKENDS names 'Fast'" in f["message"]
                for f in report["findings"])
+
+
+def test_under_compile_a_kernel_without_backward_fails_at_backward_naming_the_way_out(
+        use_plugins):
+    """Inside a compiled graph tensors do not say they require grad, so the kernel without
+    backward is chosen; its backward must then say what to do, not just that it is missing."""
+    use_plugins(nobackward="fake_plugins:nobackward")
+    logits, tokens = _inputs(requires_grad=True)
+    compiled = torch.compile(lambda x, t: rlk.logp(x * 1.0, t), backend="aot_eager",
+                             fullgraph=True)
+    loss = compiled(logits, tokens).sum()
+    with pytest.raises(NotImplementedError, match=r"registered no backward.*use_backends"):
+        loss.backward()

@@ -12,9 +12,10 @@ import rlk
 from rlk.ops import OP_NAMES, SPECS, specs
 
 ROOT = Path(rlk.__file__).parent
-# Files that may name ops: the op table, each op's own modules, the public exports, the
-# benchmark workloads (which are per op by nature).
-OWN_FILES = ("ops/", "native/", "bench/", "__init__.py", "distributed.py", "reference.py")
+# Files that may name ops: the op table, each op's own modules, the public exports, and
+# code that is per op by nature (benchmark workloads, framework adapters).
+OWN_FILES = ("ops/", "native/", "bench/", "integrations/", "__init__.py", "distributed.py",
+             "reference.py")
 
 
 def test_the_table_is_the_list_of_ops():

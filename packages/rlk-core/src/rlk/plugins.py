@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from importlib import import_module, metadata
 from typing import Any
 
@@ -37,6 +37,7 @@ LOADED, FAILED, BLOCKED, DUPLICATE = "loaded", "failed", "blocked", "duplicate"
 # what importlib can load: a dotted module, optionally ":attr.path", optionally "[extras]"
 _VALID_TARGET = re.compile(r"^\s*[\w.]+\s*(:\s*[\w.]+\s*)?(\[[^\]]*\])?\s*$")
 log = logging.getLogger("rlk")
+_FAILED = object()  # what a failed attempt returns
 
 
 @dataclass(frozen=True)
@@ -153,33 +154,24 @@ class PluginLoader:
         for entry_point in _entry_points():
             record = _record(entry_point)
             if entry_point.name in disabled:
-                self.records.append(_with(record, BLOCKED, "disabled by RLK_DISABLE_PLUGINS"))
+                self.records.append(replace(record, status=BLOCKED,
+                                            error="disabled by RLK_DISABLE_PLUGINS"))
             elif only and entry_point.name not in only:
-                self.records.append(_with(record, BLOCKED, "not listed in RLK_PLUGINS"))
+                self.records.append(replace(record, status=BLOCKED,
+                                            error="not listed in RLK_PLUGINS"))
             elif not _VALID_TARGET.match(entry_point.value):
-                self._fail(record, f"malformed entry point value {entry_point.value!r}: expected "
-                                   "'package.module' or 'package.module:object'")
+                self._fail(record, f"malformed entry point value {entry_point.value!r}: "
+                                   "expected 'package.module' or 'package.module:object'")
             else:
-                self._load_entry_point(entry_point, record, loaded_by)
-
-    def _load_entry_point(self, entry_point: metadata.EntryPoint, record: PluginRecord,
-                          loaded_by: dict[int, str]) -> None:
-        try:
-            with warn_if_slow(f"importing plugin '{record.name}' ({entry_point.value})",
-                              _block_hint(record.name)):
-                plugin = entry_point.load()
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # SystemExit from a plugin included: record, go on
-            self._fail(record, f"import failed: {describe(exc)}")
-            return
-        self._register(record, plugin, loaded_by)
+                plugin = self._attempt(record, "import", entry_point.load)
+                if plugin is not _FAILED:
+                    self._register(record, plugin, loaded_by)
 
     def _register(self, record: PluginRecord, plugin: Any, loaded_by: dict[int, str]) -> None:
         first = loaded_by.get(id(plugin))
         if first is not None:
-            self.records.append(_with(record, DUPLICATE, f"names the plugin that entry point "
-                                                          f"'{first}' already loaded"))
+            self.records.append(replace(record, status=DUPLICATE, error="names the plugin that "
+                                        f"entry point '{first}' already loaded"))
             return
         loaded_by[id(plugin)] = record.name
         mismatch = api_mismatch(getattr(plugin, "RLK_PLUGIN_API", None))
@@ -187,27 +179,35 @@ class PluginLoader:
             self._fail(record, mismatch)
             return
         stage = self.registry.stage(record.name, record.distribution)
-        manager = pluggy.PluginManager(PROJECT)
-        manager.add_hookspecs(HookSpecs)
-        try:
+
+        def run_hook() -> None:
+            manager = pluggy.PluginManager(PROJECT)
+            manager.add_hookspecs(HookSpecs)
             manager.register(plugin, name=record.name)
             if not manager.hook.rlk_register.get_hookimpls():
-                self._fail(record, "implements no rlk_register hook (a function marked "
-                                   "@rlk.backend.hookimpl)")
-                return
-            with warn_if_slow(f"the rlk_register hook of plugin '{record.name}'",
+                raise LookupError("implements no rlk_register hook (a function marked "
+                                  "@rlk.backend.hookimpl)")
+            manager.hook.rlk_register(registry=stage)
+
+        if self._attempt(record, "rlk_register", run_hook) is not _FAILED:
+            self.registry.merge(stage)
+            self.records.append(replace(record, status=LOADED))
+
+    def _attempt(self, record: PluginRecord, action: str, call: Callable[[], Any]) -> Any:
+        """`call()`'s result, or _FAILED after recording why: any exception but Ctrl-C
+        (SystemExit from a plugin too) fails this plugin only. Slow calls are named."""
+        try:
+            with warn_if_slow(f"the {action} of plugin '{record.name}'",
                               _block_hint(record.name)):
-                manager.hook.rlk_register(registry=stage)
+                return call()
         except KeyboardInterrupt:
             raise
         except BaseException as exc:
-            self._fail(record, f"rlk_register failed: {describe(exc)}")
-            return
-        self.registry.merge(stage)
-        self.records.append(_with(record, LOADED))
+            self._fail(record, f"{action} failed: {describe(exc)}")
+            return _FAILED
 
     def _fail(self, record: PluginRecord, error: str) -> None:
-        self.records.append(_with(record, FAILED, error))
+        self.records.append(replace(record, status=FAILED, error=error))
         log.warning("rlk: plugin '%s' (%s %s) is unusable: %s. %s", record.name,
                     record.distribution, record.version, error, _block_hint(record.name))
 
@@ -221,11 +221,6 @@ def _record(entry_point: metadata.EntryPoint) -> PluginRecord:
     name = dist.metadata["Name"] if dist is not None else ""
     return PluginRecord(entry_point.name, name or "", dist.version if dist is not None else "",
                         LOADED, target=entry_point.value)
-
-
-def _with(record: PluginRecord, status: str, error: str = "") -> PluginRecord:
-    return PluginRecord(record.name, record.distribution, record.version, status, error,
-                        record.target)
 
 
 def _normal(distribution: str) -> str:

@@ -76,15 +76,14 @@ def check(kernel: Kernel, phase: str, result: Any, expected: tuple[Out | None, .
     if len(outputs) != len(expected):
         _broken(kernel, phase, f"returned {len(outputs)} output(s); the contract is "
                                f"{len(expected)}")
-    index = 0
-    for got, want in zip(outputs, expected):  # plain loops: this runs on every call
+    for index, want in enumerate(expected):  # a plain loop: this runs on every call
+        got = outputs[index]
         if want is not None and (not isinstance(got, Tensor) or got.dtype != want.dtype
                                  or got.shape != want.shape or got.device != want.device):
             found = (_describe(Out(tuple(got.shape), got.dtype, got.device))
                      if isinstance(got, Tensor) else f"{type(got).__name__}, not a tensor")
             _broken(kernel, phase, f"output {index} is {found}; the contract is "
                                    f"{_describe(want)}")
-        index += 1
 
 
 def attribute(exc: BaseException, kernel: Kernel, phase: str) -> None:

@@ -14,9 +14,11 @@ from rlk.hookspec import API_VERSION as PLUGIN_API_VERSION
 from rlk.hookspec import hookimpl
 from rlk.introspect import BackendInfo, backends, explain
 from rlk.ops.advantages import group_advantages
+from rlk.ops.advantages_options import GroupAdvantagesOptions
 from rlk.ops.linear_logp import linear_logp, linear_logp_entropy
 from rlk.ops.logp import logp, logp_entropy
 from rlk.ops.policy_loss import policy_loss
+from rlk.ops.policy_loss_options import PolicyLossOptions
 from rlk.ops.sample import Sampled, sample
 from rlk.version import __version__
 
@@ -24,8 +26,10 @@ __all__ = [
     "PLUGIN_API_VERSION",
     "BackendInfo",
     "BackendUnavailableError",
+    "GroupAdvantagesOptions",
     "KernelError",
     "PluginError",
+    "PolicyLossOptions",
     "Sampled",
     "__version__",
     "backends",

@@ -47,8 +47,15 @@ from __future__ import annotations
 from rlk import shards
 from rlk.errors import KernelError
 from rlk.hookspec import API_VERSION, HookSpecs, hookimpl
-from rlk.ops.advantages import BASELINES, NORMALIZE
-from rlk.ops.policy_loss import AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS
+from rlk.ops.advantages_options import BASELINES, NORMALIZATIONS, GroupAdvantagesOptions
+from rlk.ops.policy_loss_options import (
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    METRICS,
+    OBJECTIVES,
+    RATIO_LEVELS,
+    PolicyLossOptions,
+)
 from rlk.ops.sample import drawn_logp
 from rlk.ops.temperature import Temperature
 from rlk.ops.validate import FLOATS as FLOAT_DTYPES
@@ -71,10 +78,13 @@ rlk_register = HookSpecs.rlk_register
 #               backward_tokens, merge, padded, KERNEL_IGNORE, KERNEL_BAD.
 # KernelError   what rlk raises when a kernel returns what its op's contract does not allow.
 
-# --- op options (the values kernels receive for string options) ------------------------------
-# KL_ESTIMATORS, RATIO_LEVELS, AGGREGATIONS   policy_loss: kl_estimator, ratio_level, agg.
-# NORMALIZE, BASELINES                        group_advantages: normalize, baseline.
-# The policy_loss options object and its enums join this section when they land.
+# --- op options (what policy_loss and group_advantages kernels receive as `options`) ---------
+# PolicyLossOptions       every policy_loss setting, validated (frozen; hashable: cache on it).
+# OBJECTIVES, RATIO_LEVELS, KL_ESTIMATORS, AGGREGATIONS
+#                         the values of its objective, ratio_level, kl_estimator, agg.
+# METRICS                 the metrics a policy_loss forward returns, in order.
+# GroupAdvantagesOptions  every group_advantages setting, validated.
+# NORMALIZATIONS, BASELINES   the values of its normalize and baseline.
 
 __all__ = [
     "AGGREGATIONS",
@@ -82,10 +92,14 @@ __all__ = [
     "BASELINES",
     "FLOAT_DTYPES",
     "KL_ESTIMATORS",
-    "NORMALIZE",
+    "METRICS",
+    "NORMALIZATIONS",
+    "OBJECTIVES",
     "RATIO_LEVELS",
     "Check",
+    "GroupAdvantagesOptions",
     "KernelError",
+    "PolicyLossOptions",
     "Probe",
     "Registry",
     "Temperature",

@@ -16,6 +16,8 @@ RLK_PLUGIN_API = "1.1"
 PRIORITY = 200
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 FLOAT32 = (torch.float32,)
+# policy_loss reads logp (its main input) in any float dtype, float64 included
+ANY_FLOAT = (*DTYPES, torch.float64)
 BATCH_INVARIANT = ("batch_invariant",)
 
 # op -> (forward, backward or None, properties, dtypes of the main input), as
@@ -27,7 +29,7 @@ KERNELS: dict[str, tuple[str, str | None, tuple[str, ...], tuple[torch.dtype, ..
     "linear_logp": ("linear:forward", "linear:backward", (), DTYPES),
     "linear_logp_entropy": ("linear:forward", "linear:backward", (), DTYPES),
     "group_advantages": ("advantages:forward", None, (), FLOAT32),
-    "policy_loss": ("policy_loss:forward", "policy_loss:backward", (), FLOAT32),
+    "policy_loss": ("policy_loss:forward", "policy_loss:backward", (), ANY_FLOAT),
 }
 
 

@@ -16,9 +16,9 @@ from torch import Tensor
 
 from rlk import reference
 from rlk.ops import validate
+from rlk.ops.contract import BoundKernel, Out
 from rlk.ops.policy_loss_options import METRICS, PolicyLossOptions
 from rlk.ops.policy_loss_samples import samples
-from rlk.ops.contract import BoundKernel, Out
 from rlk.ops.spec import (
     EagerPath,
     GradCase,

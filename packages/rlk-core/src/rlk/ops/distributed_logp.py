@@ -20,7 +20,8 @@ from rlk import config, reference, shards
 from rlk.ops import temperature as temperatures
 from rlk.ops import validate
 from rlk.ops.contract import Out
-from rlk.ops.spec import GradCase, NativeKernel, OpSpec, Sample, Tolerance, register_autograd
+from rlk.ops.logp import LOGP
+from rlk.ops.spec import GradCase, NativeKernel, OpSpec, Sample, register_autograd
 from rlk.ops.temperature import Temperature
 
 # ---------------------------------------------------------------------------
@@ -284,16 +285,6 @@ def _shape_call(shape: Any, dtype: torch.dtype) -> tuple[tuple[Any, ...], dict[s
                      "explain them from Python with rlk.explain(op, logits, tokens, group=...)")
 
 
-# Inputs are exact in every dtype (the reference upcasts the same values): float32
-# accumulation alone separates a kernel from the reference, as for logp.
-_TOLERANCES = {dtype: Tolerance(atol=2e-5, rtol=1e-5) for dtype in validate.FLOATS}
-_GRAD_TOLERANCES = {
-    torch.float32: Tolerance(atol=1e-6, rtol=1e-4),
-    torch.bfloat16: Tolerance(atol=1e-6, rtol=8e-3),
-    torch.float16: Tolerance(atol=1e-6, rtol=1e-3),
-}
-
-
 def _spec(name: str, with_entropy: bool, doc: str) -> OpSpec:
     return OpSpec(
         name=name,
@@ -303,11 +294,11 @@ def _spec(name: str, with_entropy: bool, doc: str) -> OpSpec:
         reference=_reference,
         outputs=_outputs,
         samples=_samples(with_entropy),
-        tolerances=_TOLERANCES,
+        tolerances=LOGP.tolerances,  # the values logp gives, so logp's tolerances
         dtypes=validate.FLOATS,
         opcheck_case=_opcheck_case,
         grad_check=_grad_check,
-        grad_tolerances=_GRAD_TOLERANCES,
+        grad_tolerances=LOGP.grad_tolerances,
         batch_slice=_batch_slice,
         doc=doc,
         native=NativeKernel("rlk.native.distributed_logp:forward",

@@ -39,7 +39,8 @@ What happens to it:
   shape, device or a None raises KernelError naming the backend); an exception it raises
   keeps its type and gains a note naming the backend and how to run without it.
 - *Conformance*. ``pytest --pyargs rlk.testing --rlk-backend NAME`` checks every kernel
-  the backend registers against float64 references (``pip install "rlk-core[testing]"``).
+  the backend registers against float64 references (it needs pytest: rlk-core's
+  ``[testing]`` extra).
 """
 
 from __future__ import annotations

@@ -73,14 +73,16 @@ def lm_head_logits(
     softcap: float | None = None,
     logit_scale: float = 1.0,
 ) -> torch.Tensor:
-    """Float64 logits of an LM head: logit_scale * softcap * tanh((hidden @ weight.T + bias)
-    / softcap), the soft cap (Gemma's final_logit_softcapping) first, as vLLM applies them."""
+    """Float64 logits of an LM head: softcap * tanh(logit_scale * (hidden @ weight.T + bias)
+    / softcap), the scale first (Cohere's logit_scale), then the soft cap (Gemma's
+    final_logit_softcapping), as TRL's ChunkedLogProbFunction applies them."""
     logits = hidden.to(torch.float64) @ weight.to(torch.float64).t()
     if bias is not None:
         logits = logits + bias.to(torch.float64)
+    logits = logits * logit_scale
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
-    return logits * logit_scale
+    return logits
 
 
 def linear_logp_entropy(

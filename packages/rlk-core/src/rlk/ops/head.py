@@ -6,8 +6,10 @@ runs in bfloat16); outside it, inputs of one dtype keep it and float32 mixed wit
 reduced dtype runs in the reduced one (what autocast would have picked for it). The
 casts happen before the torch op, so autograd returns each gradient in its input's dtype.
 
-`logit_scale` multiplies the logits after soft-capping (vLLM's LogitsProcessor order),
-so it folds into the temperature: softmax(s * z / T) = softmax(z / (T / s)).
+`logit_scale` s multiplies the raw logits u before the soft cap c (the order of TRL's
+ChunkedLogProbFunction; vLLM caps first, which differs only when a model sets both, and
+none does): c * tanh(s * u / c) = s * c' * tanh(u / c') with c' = c / s, so the kernels
+get the cap c / s and the temperature T / s, and never see the scale.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from rlk.ops.temperature import Temperature
 
 @dataclass(frozen=True)
 class Head:
-    """The LM head's tensors in the GEMM dtype (hidden flattened to [N, H]), the soft cap,
-    the kernels' temperature (per row, `logit_scale` folded in) and hidden's leading shape."""
+    """The LM head's tensors in the GEMM dtype (hidden flattened to [N, H]), the kernels' soft
+    cap and temperature (`logit_scale` folded into both) and hidden's leading shape."""
 
     hidden: Tensor
     weight: Tensor
@@ -99,7 +101,7 @@ def prepare(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: ob
         hidden=hidden.to(dtype).reshape(rows, width),
         weight=weight.to(dtype),
         bias=None if bias is None else bias.to(dtype),
-        softcap=cap,
+        softcap=None if cap is None else cap / scale,
         temperature=temp if scale == 1.0 else temp / scale,
         lead=lead,
     )

@@ -35,10 +35,11 @@ from rlk.bench.workload import (
     rlk_function,
 )
 
-TOKEN_LEVEL = {"clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.04, "kl_estimator": "k3",
-               "agg": "token-mean"}
-SEQUENCE_LEVEL = {"clip_low": 3e-4, "clip_high": 4e-4, "kl_coef": 0.04, "kl_estimator": "k3",
-                  "ratio_level": "sequence", "agg": "seq-mean-token-mean"}
+TOKEN_LEVEL: dict[str, Any] = {"clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.04,
+                               "kl_estimator": "k3", "agg": "token-mean"}
+SEQUENCE_LEVEL: dict[str, Any] = {"clip_low": 3e-4, "clip_high": 4e-4, "kl_coef": 0.04,
+                                  "kl_estimator": "k3", "ratio_level": "sequence",
+                                  "agg": "seq-mean-token-mean"}
 _REFERENCE_ROWS = 512  # float64 logits rows at a time in the reference
 
 

@@ -120,6 +120,7 @@ def test_registration() -> None:
         "sample",
         "linear_logp",
         "linear_logp_entropy",
+        "linear_policy_loss",
         "group_advantages",
         "policy_loss",
     )

@@ -131,6 +131,62 @@ def linear_logp_entropy_grad(
     return zero[0], zero[1], (zero[2] if bias64 is not None else None)
 
 
+def linear_policy_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    tokens: torch.Tensor,
+    *,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    temperature: float | torch.Tensor = 1.0,
+    ignore_index: int = -100,
+    softcap: float | None = None,
+    logit_scale: float = 1.0,
+    entropy_coef: float = 0.0,
+    **policy_options: object,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Float64 (loss, metrics, logp) of `policy_loss` on the LM head's log-probabilities.
+
+    hidden [N, H], tokens [N] and a per-row temperature [N]; old_logp, mask [B, T] with
+    B * T = N. Positions whose token is ignore_index count as masked. The loss is
+    policy_loss's minus entropy_coef times the entropy aggregated as policy_loss aggregates
+    its terms; metrics are policy_loss's, then the entropy's mean over the mask; logp is 0
+    at masked positions.
+    """
+    shape = old_logp.shape
+    keep = (mask != 0) & (tokens.view(shape) != ignore_index)
+    kept_tokens = torch.where(keep.reshape(-1), tokens, ignore_index)
+    logp, entropy = linear_logp_entropy(hidden, weight, kept_tokens, bias=bias,
+                                        temperature=temperature, ignore_index=ignore_index,
+                                        softcap=softcap, logit_scale=logit_scale)
+    logp2, entropy2 = logp.view(shape), entropy.view(shape)
+    loss, metrics = policy_loss(logp2, old_logp, advantages, keep.to(torch.float64),
+                                **policy_options)  # type: ignore[arg-type]
+    agg = str(policy_options.get("agg", "token-mean"))
+    if entropy_coef != 0.0:
+        loss = loss - entropy_coef * _aggregate(entropy2, keep, agg)
+    entropy_mean = entropy2.detach()[keep].sum() / max(int(keep.sum()), 1)
+    return loss, torch.cat([metrics, entropy_mean.reshape(1)]), logp
+
+
+def _aggregate(values: torch.Tensor, keep: torch.Tensor, agg: str) -> torch.Tensor:
+    """`values` [B, T] aggregated over the kept positions as `policy_loss` aggregates its
+    per-token terms (one sequence at a time)."""
+    lengths = keep.sum(dim=1)
+    kept = torch.where(keep, values, 0.0)
+    nonempty = lengths > 0
+    sequences = max(int(nonempty.sum()), 1)
+    if agg == "token-mean":
+        return kept.sum() / max(int(lengths.sum()), 1)
+    if agg == "seq-mean-token-mean":
+        return (kept.sum(dim=1)[nonempty] / lengths[nonempty]).sum() / sequences
+    if agg == "seq-mean-token-sum":
+        return kept.sum() / sequences
+    return kept.sum() / max(values.numel(), 1)
+
+
 def group_advantages(
     rewards: torch.Tensor,
     group_ids: torch.Tensor,

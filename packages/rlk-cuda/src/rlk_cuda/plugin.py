@@ -28,6 +28,7 @@ KERNELS: dict[str, tuple[str, str | None, tuple[str, ...], tuple[torch.dtype, ..
     "sample": ("rlk_cuda.sample:sample", None, ("batch_invariant",), DTYPES),
     "linear_logp": ("rlk_cuda.linear:forward", "rlk_cuda.linear:backward", (), DTYPES),
     "linear_logp_entropy": ("rlk_cuda.linear:forward", "rlk_cuda.linear:backward", (), DTYPES),
+    "linear_policy_loss": ("rlk_cuda.linear_policy_loss:forward", None, (), DTYPES),
     "group_advantages": ("rlk_cuda.advantages:forward", None, (), FLOAT32),
     "policy_loss": ("rlk_cuda.policy_loss:forward", "rlk_cuda.policy_loss:backward", (), FLOAT32),
 }

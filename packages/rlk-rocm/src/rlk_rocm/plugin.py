@@ -1,7 +1,7 @@
 """Entry point of the `rocm` backend (group `rlk.backends`): registration only, no HIP work.
 
 The kernels are rlk-cuda's, compiled as HIP, behind rlk-cuda's own host-side launch modules
-(installed here by the build as rlk_rocm.logp, .sample, .linear and ._launch).
+(installed here by the build as rlk_rocm.logp, .sample, .linear, .linear_policy_loss, ...).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ KERNELS: dict[str, tuple[str, str | None, tuple[str, ...], tuple[torch.dtype, ..
     "sample": ("rlk_rocm.sample:sample", None, BATCH_INVARIANT, DTYPES),
     "linear_logp": ("rlk_rocm.linear:forward", "rlk_rocm.linear:backward", (), DTYPES),
     "linear_logp_entropy": ("rlk_rocm.linear:forward", "rlk_rocm.linear:backward", (), DTYPES),
+    "linear_policy_loss": ("rlk_rocm.linear_policy_loss:forward", None, (), DTYPES),
     "group_advantages": ("rlk_rocm.advantages:forward", None, (), FLOAT32),
     "policy_loss": ("rlk_rocm.policy_loss:forward", "rlk_rocm.policy_loss:backward", (), FLOAT32),
 }

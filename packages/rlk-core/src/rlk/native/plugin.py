@@ -34,6 +34,8 @@ def rlk_register(registry: Registry) -> None:
         registry.add_kernel(op, "native", "rlk.native.linear_logp:forward",
                             backward="rlk.native.linear_logp:backward",
                             devices=_EVERY_DEVICE, dtypes=FLOATS)
+    registry.add_kernel("linear_policy_loss", "native", "rlk.native.linear_policy_loss:forward",
+                        devices=_EVERY_DEVICE, dtypes=FLOATS)
     registry.add_kernel("group_advantages", "native", "rlk.native.advantages:forward",
                         devices=_EVERY_DEVICE, dtypes=(torch.float32,))
     registry.add_kernel("policy_loss", "native", "rlk.native.policy_loss:forward",

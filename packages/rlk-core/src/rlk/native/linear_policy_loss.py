@@ -1,0 +1,318 @@
+"""Native linear_policy_loss: the LM head and the policy loss in three GEMMs per row chunk.
+
+Each row chunk's float32 logits are computed once. The selected logp kernel reduces them to
+logp, entropy and log-sum-exp; the policy loss's own backward gives d loss / d logp for the
+chunk's tokens (its normalisers come from the whole mask, so the chunk's gradient is exact);
+the logp kernel's backward turns the logits into d loss / d logits in place, and two GEMMs
+fold that into grad_hidden (the chunk's rows) and grad_weight (accumulated). The backward of
+the op then only scales these gradients by the upstream gradient of the loss.
+
+Paths (`plan`): row chunks of whole sequences when a sequence fits a chunk ("sequences",
+any loss); chunks inside sequences for losses whose token gradient needs only that token
+("tokens"); otherwise ("two-pass", GSPO with sequences longer than a chunk) logp of every row
+first and the gradients in a second pass over recomputed logits: four GEMMs, through the
+selected linear_logp_entropy kernels.
+
+`ChunkOps` is the part a GPU backend replaces (its logp kernels, buffers and accumulation);
+`run` is the loop every backend shares.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from rlk import distributed, lm_head
+from rlk.native.chunks import rows_per_chunk
+from rlk.native.policy_loss import _aggregation_weights
+from rlk.ops.temperature import Temperature
+
+SEQUENCES, TOKENS, TWO_PASS = "sequences", "tokens", "two-pass"
+GEMMS = {SEQUENCES: 3, TOKENS: 3, TWO_PASS: 4}
+# Chunk-sized float32 buffers alive at once: the logits, the logp kernel's three temporaries,
+# the soft-cap slope and the GEMM operand copy of the logits gradient.
+_LIVE = 6
+
+
+def _token_separable(policy: Mapping[str, Any]) -> bool:
+    """Whether d loss / d logp_t needs only token t (sequence-level ratios need the sequence)."""
+    return policy["ratio_level"] == "token"
+
+
+def choose_path(rows: int, length: int, chunk_rows: int, policy: Mapping[str, Any]) -> str:
+    """The path for [B, T] = [rows / length, length] tokens and chunks of `chunk_rows` rows."""
+    if length <= chunk_rows or rows == 0:
+        return SEQUENCES
+    return TOKENS if _token_separable(policy) else TWO_PASS
+
+
+@dataclass
+class ChunkOps:
+    """How one row chunk's float32 logits become statistics and a gradient (native: the
+    dispatcher's logp kernels; float32 weight-gradient accumulation)."""
+
+    hidden: Tensor
+    weight: Tensor
+    bias: Tensor | None
+    softcap: float | None
+    group: dist.ProcessGroup | None
+
+    def __post_init__(self) -> None:
+        self._kernel: Any = None
+
+    @functools.cached_property
+    def operand(self) -> Tensor:
+        """The weight as the GEMMs read it (rlk.lm_head.gemm_weight), made once."""
+        return lm_head.gemm_weight(self.weight)
+
+    def chunk_rows(self) -> int:
+        return rows_per_chunk(self.weight.shape[0] + 1, _LIVE)
+
+    def logits(self, start: int, stop: int, pad: bool) -> Tensor:
+        """Float32 (capped) logits of rows [start, stop); `pad` adds a -inf column."""
+        vocab = self.weight.shape[0]
+        out = torch.empty(stop - start, vocab + int(pad), dtype=torch.float32,
+                          device=self.hidden.device)
+        lm_head.float32_logits(self.hidden[start:stop], self.operand, self.bias,
+                               out=out[:, :vocab])
+        lm_head.soft_cap_(out[:, :vocab], self.softcap)
+        if pad:
+            out[:, -1] = -torch.inf
+        return out
+
+    def _logp_kernel(self, logits: Tensor, tokens: Tensor, temperature: Temperature,
+                     ignore_index: int) -> Any:
+        if self._kernel is None:
+            from rlk.ops.logp import LOGP_ENTROPY
+
+            self._kernel = LOGP_ENTROPY.kernel({
+                "logits": logits, "tokens": tokens, "temperature": temperature,
+                "ignore_index": ignore_index, "rows": None, "out": None, "with_entropy": True})
+        return self._kernel
+
+    def stats(self, logits: Tensor, tokens: Tensor, temperature: Temperature,
+              ignore_index: int) -> tuple[Tensor, Tensor, Tensor]:
+        """(logp, entropy, lse) of the chunk's rows (all float32)."""
+        kernel = self._logp_kernel(logits, tokens, temperature, ignore_index)
+        logp, entropy, lse = kernel.forward(logits, tokens, temperature, ignore_index, None,
+                                            None, True)
+        return logp, entropy, lse
+
+    def logits_grad(self, logits: Tensor, tokens: Tensor, grad_logp: Tensor,
+                    grad_entropy: Tensor | None, lse: Tensor, entropy: Tensor,
+                    temperature: Temperature, ignore_index: int) -> Tensor:
+        """d loss / d (raw logits) of the chunk, in the GEMM operand dtype."""
+        vocab = self.weight.shape[0]
+        slope = (None if self.softcap is None
+                 else lm_head.soft_cap_slope(logits[:, :vocab], self.softcap))
+        kernel = self._logp_kernel(logits, tokens, temperature, ignore_index)
+        grad = kernel.backward(grad_logp, grad_entropy, logits, tokens, temperature,
+                               ignore_index, None, lse, entropy, True)[:, :vocab]
+        if slope is not None:
+            grad.mul_(slope)
+        return grad.to(self.operand.dtype)
+
+    def new_weight_grad(self) -> Tensor:
+        return torch.zeros(self.weight.shape, dtype=torch.float32, device=self.weight.device)
+
+    def add_weight_grad(self, acc: Tensor, grad: Tensor, rows: Tensor) -> None:
+        acc.addmm_(grad.t().float(), rows.float())
+
+    def weight_grad(self, acc: Tensor) -> Tensor:
+        return acc.to(self.weight.dtype)
+
+    def hidden_grad(self, grad: Tensor, out: Tensor) -> None:
+        """out = grad @ weight, the chunk's rows of grad_hidden."""
+        out.copy_(grad @ self.operand)
+
+
+def _chunks(rows: int, step: int) -> Iterator[tuple[int, int]]:
+    for start in range(0, rows, step):
+        yield start, min(rows, start + step)
+
+
+def _slice(temperature: Temperature, start: int, stop: int) -> Temperature:
+    return temperature[start:stop] if isinstance(temperature, Tensor) else temperature
+
+
+def _policy_kernel(logp: Tensor, policy: Mapping[str, Any]) -> Any:
+    """The policy_loss kernel the dispatcher selects (its arguments are `policy` plus logp)."""
+    from rlk.ops.policy_loss import POLICY_LOSS
+
+    return POLICY_LOSS.kernel(dict(policy, logp=logp))
+
+
+def _token_grads(logp: Tensor, policy: Mapping[str, Any], weights: Tensor,
+                 entropy_coef: float) -> tuple[Tensor, Tensor | None]:
+    """d loss / d logp and d loss / d entropy for every token ([B, T]), at grad_loss = 1.
+
+    Exact for the tokens whose logp (and, for sequence-level losses, whose sequence's logp)
+    is already in `logp`, whatever the other entries hold.
+    """
+    one = torch.ones((), dtype=torch.float32, device=logp.device)
+    grad_logp = _policy_kernel(logp, policy).backward(grad_loss=one, logp=logp, **policy)
+    grad_entropy = None if entropy_coef == 0.0 else weights * -entropy_coef
+    return grad_logp, grad_entropy
+
+
+def _loss(logp: Tensor, entropy: Tensor, policy: Mapping[str, Any], weights: Tensor,
+          entropy_coef: float) -> tuple[Tensor, Tensor]:
+    """The loss and the metrics (policy_loss's, then the entropy's token mean)."""
+    loss, metrics = _policy_kernel(logp, policy).forward(logp=logp, **policy)
+    active = policy["mask"] != 0
+    entropy_mean = torch.where(active, entropy, 0.0).sum() / active.sum().clamp(min=1)
+    if entropy_coef != 0.0:
+        loss = loss - entropy_coef * (weights * entropy).sum()
+    return loss, torch.cat([metrics, entropy_mean.reshape(1)])
+
+
+def _merged_stats(ops: ChunkOps, logits: Tensor, tokens: Tensor, temperature: Temperature,
+                  ignore_index: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The chunk's (logp, entropy, lse) over the whole vocabulary (merged across a group)."""
+    group = ops.group
+    if group is None:
+        return ops.stats(logits, tokens, temperature, ignore_index)
+    vocab = ops.weight.shape[0]
+    shard = distributed.layout(vocab, group, logits.device)
+    codes, owned = distributed.forward_tokens(tokens, shard)
+    picked, entropy, lse = ops.stats(logits[:, :vocab], codes, temperature,
+                                     distributed.KERNEL_IGNORE)
+    logp, merged, total = distributed.merge(lse, entropy, picked, owned, tokens, shard,
+                                            ignore_index, group)
+    assert merged is not None
+    return logp, merged, total
+
+
+def _grad_codes(ops: ChunkOps, tokens: Tensor, ignore_index: int) -> tuple[Tensor, int]:
+    if ops.group is None:
+        return tokens, ignore_index
+    shard = distributed.layout(ops.weight.shape[0], ops.group, tokens.device)
+    return distributed.backward_tokens(tokens, shard, ignore_index), distributed.KERNEL_IGNORE
+
+
+def run(ops: ChunkOps, tokens: Tensor, temperature: Temperature, ignore_index: int,
+        entropy_coef: float, policy: Mapping[str, Any],
+        needs_input_grad: tuple[bool, bool, bool]) -> tuple[Tensor, ...]:
+    """The kernel contract of linear_policy_loss's forward (see rlk.ops.linear_policy_loss)."""
+    hidden, weight, bias = ops.hidden, ops.weight, ops.bias
+    want_h, want_w, want_b = needs_input_grad
+    want_b = want_b and bias is not None
+    batch, length = policy["mask"].shape
+    rows = hidden.shape[0]
+    device = hidden.device
+    f32: dict[str, Any] = {"dtype": torch.float32, "device": device}
+    logp, entropy = torch.zeros(rows, **f32), torch.zeros(rows, **f32)
+    weights, _ = _aggregation_weights(policy["mask"], policy["agg"])
+    path = choose_path(rows, length, ops.chunk_rows(), policy)
+    if path == TWO_PASS or not (want_h or want_w or want_b):
+        return _two_pass(ops, tokens, temperature, ignore_index, entropy_coef, policy, weights,
+                         (want_h, want_w, want_b))
+    step = ops.chunk_rows() if path == TOKENS else max(1, ops.chunk_rows() // length) * length
+    sharded = ops.group is not None
+    grad_hidden = (torch.empty(hidden.shape, dtype=torch.float32 if sharded else hidden.dtype,
+                               device=device) if want_h else None)
+    grad_weight = ops.new_weight_grad() if want_w else None
+    grad_bias = torch.zeros(weight.shape[0], **f32) if want_b else None
+    codes, code_ignore = _grad_codes(ops, tokens, ignore_index)
+    for start, stop in _chunks(rows, step):
+        temp = _slice(temperature, start, stop)
+        chunk_tokens = tokens[start:stop]
+        logits = ops.logits(start, stop, pad=sharded)
+        part_logp, part_entropy, lse = _merged_stats(ops, logits, chunk_tokens, temp,
+                                                     ignore_index)
+        logp[start:stop], entropy[start:stop] = part_logp, part_entropy
+        grad_logp, grad_entropy = _token_grads(logp.view(batch, length), policy, weights,
+                                               entropy_coef)
+        grad = ops.logits_grad(
+            logits, codes[start:stop], grad_logp.reshape(-1)[start:stop].contiguous(),
+            None if grad_entropy is None else grad_entropy.reshape(-1)[start:stop].contiguous(),
+            lse, part_entropy, temp, code_ignore)
+        if grad_hidden is not None:
+            ops.hidden_grad(grad, grad_hidden[start:stop])
+        if grad_weight is not None:
+            # ignored rows have a zero logits gradient; their hidden state may be NaN
+            ignored = (chunk_tokens == ignore_index).unsqueeze(1)
+            ops.add_weight_grad(grad_weight, grad, hidden[start:stop].masked_fill(ignored, 0.0))
+        if grad_bias is not None:
+            grad_bias += grad.sum(dim=0, dtype=torch.float32)
+    if grad_hidden is not None and ops.group is not None:
+        dist.all_reduce(grad_hidden, op=dist.ReduceOp.SUM, group=ops.group)
+    loss, metrics = _loss(logp.view(batch, length), entropy.view(batch, length), policy,
+                          weights, entropy_coef)
+    return (loss, metrics, logp,
+            _or_empty(None if grad_hidden is None else grad_hidden.to(hidden.dtype), hidden),
+            _or_empty(None if grad_weight is None else ops.weight_grad(grad_weight), hidden),
+            _or_empty(None if grad_bias is None or bias is None else grad_bias.to(bias.dtype),
+                      hidden))
+
+
+def _or_empty(grad: Tensor | None, like: Tensor) -> Tensor:
+    return like.new_empty(0) if grad is None else grad
+
+
+def _two_pass(ops: ChunkOps, tokens: Tensor, temperature: Temperature, ignore_index: int,
+              entropy_coef: float, policy: Mapping[str, Any], weights: Tensor,
+              needs_input_grad: tuple[bool, bool, bool]) -> tuple[Tensor, ...]:
+    """logp of every row (selected linear_logp_entropy kernel), the loss and its token
+    gradients, then the gradient pass over recomputed logits: four GEMMs."""
+    from rlk.ops.linear_logp import LINEAR_LOGP_ENTROPY
+
+    batch, length = policy["mask"].shape
+    args = {"hidden": ops.hidden, "weight": ops.weight, "tokens": tokens, "bias": ops.bias,
+            "temperature": temperature, "ignore_index": ignore_index, "with_entropy": True,
+            "group": ops.group, "softcap": ops.softcap}
+    kernel = LINEAR_LOGP_ENTROPY.kernel(args)
+    logp, entropy, lse = kernel.forward(**args)
+    assert entropy is not None
+    loss, metrics = _loss(logp.view(batch, length), entropy.view(batch, length), policy,
+                          weights, entropy_coef)
+    hidden = ops.hidden
+    if not any(needs_input_grad):
+        return (loss, metrics, logp, *(hidden.new_empty(0) for _ in range(3)))
+    grad_logp, grad_entropy = _token_grads(logp.view(batch, length), policy, weights,
+                                           entropy_coef)
+    if grad_entropy is None:  # the kernel's entropy gradient term is then skipped
+        grad_entropy = torch.zeros_like(grad_logp)
+    grads = kernel.backward(grad_logp.reshape(-1).contiguous(),
+                            grad_entropy.reshape(-1).contiguous(), hidden, ops.weight, tokens,
+                            ops.bias, temperature, ignore_index, ops.group, lse, entropy,
+                            needs_input_grad, ops.softcap)
+    return (loss, metrics, logp, *(_or_empty(grad, hidden) for grad in grads))
+
+
+def forward(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
+            temperature: Temperature, ignore_index: int, group: dist.ProcessGroup | None,
+            softcap: float | None, entropy_coef: float, policy: Mapping[str, Any],
+            needs_input_grad: tuple[bool, bool, bool]) -> tuple[Tensor, ...]:
+    ops = ChunkOps(hidden, weight, bias, softcap, group)
+    return run(ops, tokens, lm_head.kernel_temperature(temperature, softcap), ignore_index,
+               entropy_coef, policy, needs_input_grad)
+
+
+def plan(hidden: Tensor, weight: Tensor, policy: Mapping[str, Any], **_: Any) -> str:
+    """Which path `forward` takes for these kernel arguments, in words (for rlk.explain)."""
+    length = policy["mask"].shape[1]
+    ops = ChunkOps(hidden, weight, None, None, None)
+    path = choose_path(hidden.shape[0], length, ops.chunk_rows(), policy)
+    return describe(path, ops.chunk_rows(), length)
+
+
+def describe(path: str, chunk_rows: int, length: int) -> str:
+    """One line on a path: what it chunks and how many GEMMs it costs."""
+    what = {
+        SEQUENCES: f"row chunks of whole sequences ({max(1, chunk_rows // max(length, 1))} of "
+                   f"{length} tokens per chunk)",
+        TOKENS: f"row chunks of {chunk_rows} tokens inside sequences (token-level loss)",
+        TWO_PASS: f"two passes: sequences of {length} tokens exceed a chunk of {chunk_rows} "
+                  "rows and the loss needs whole sequences",
+    }[path]
+    return f"{path}: {what}; {GEMMS[path]} GEMMs"
+
+
+forward.plan = plan  # type: ignore[attr-defined]

@@ -42,6 +42,14 @@ OPTION_SETS = {
     "tis-k2": {"tis_cap": 1.5, "kl_coef": 0.05, "kl_estimator": "k2", "use_ref": True,
                "use_rollout": True, "agg": "seq-mean-token-sum"},
     "dual-clip-dr-grpo": {"dual_clip": 2.0, "clip_low": 0.1, "agg": "seq-mean-token-sum-norm"},
+    "cispo-k3+-divisor": {"objective": "cispo", "clip_high": 4.0, "kl_coef": 0.05,
+                          "kl_estimator": "k3+", "use_ref": True, "divisor": 40.0},
+    "sapo-bias-corrected-kl": {"objective": "sapo", "kl_coef": 0.05, "kl_bias_correction": True,
+                               "use_ref": True, "agg": "seq-mean-token-mean",
+                               "count_empty_rows": True},
+    "vespo-is": {"objective": "vespo", "use_rollout": True, "use_weights": True},
+    "gspo-token-scale": {"ratio_level": "sequence-token", "clip_low": 0.03, "clip_high": 0.04,
+                         "scale": 0.5, "agg": "token-sum", "ratio_cap": 3.0},
 }
 
 
@@ -51,7 +59,16 @@ def _options(name, data):
         options["ref_logp"] = data["ref_logp"]
     if options.pop("use_rollout", False):
         options["rollout_logp"] = data["rollout_logp"]
+    if options.pop("use_weights", False):
+        options["importance_weights"] = torch.rand(data["mask"].shape[0], 1, generator=GEN) + 0.5
     return options
+
+
+def _reference_options(options):
+    """Reference keywords: the policy tensors as given, the settings as PolicyLossOptions."""
+    tensors = {k: v for k, v in options.items() if isinstance(v, torch.Tensor)}
+    settings = {k: v for k, v in options.items() if k not in tensors}
+    return dict(tensors, options=rlk.PolicyLossOptions(**settings))
 
 
 def _unfused(data, options, hidden, weight, entropy_coef=0.0):
@@ -60,7 +77,8 @@ def _unfused(data, options, hidden, weight, entropy_coef=0.0):
                                     **options)
     if entropy_coef:
         loss = loss - entropy_coef * reference._aggregate(
-            entropy, data["mask"] != 0, options.get("agg", "token-mean"))
+            entropy, data["mask"] != 0, rlk.PolicyLossOptions(agg=options.get("agg",
+                                                                               "token-mean")))
     return loss, metrics, logp
 
 
@@ -108,12 +126,11 @@ def test_every_path_matches_the_reference_and_explain_names_it(chunk_mb, length,
     loss, metrics = rlk.linear_policy_loss(h, w, *args, bias=b, entropy_coef=0.02,
                                            temperature=0.8, **options)
     loss.backward()
-    policy = {k: v for k, v in options.items()}
     leaves = [t.detach().double().requires_grad_(True) for t in (h, w, b)]
     want = reference.linear_policy_loss(
         leaves[0].reshape(-1, 16), leaves[1], data["tokens"].reshape(-1), bias=leaves[2],
         old_logp=data["old_logp"], advantages=data["advantages"], mask=data["mask"],
-        temperature=0.8, entropy_coef=0.02, **policy)
+        temperature=0.8, entropy_coef=0.02, **_reference_options(options))
     want[0].backward()
     _close(loss, want[0], atol=1e-6, rtol=1e-5)
     _close(metrics["entropy"], want[1][-1])
@@ -169,7 +186,7 @@ def test_without_gradients_it_runs_the_forward_only(monkeypatch):
     from rlk.native import linear_policy_loss as native
 
     seen = []
-    monkeypatch.setattr(native, "_token_grads",
+    monkeypatch.setattr(native.LossGrads, "__call__",
                         lambda *a, **k: seen.append(1) or pytest.fail("gradient work"))
     with torch.no_grad():
         loss, metrics = rlk.linear_policy_loss(*args, kl_coef=0.0)
@@ -228,7 +245,7 @@ def test_empty_batch():
     ({"old_logp": torch.zeros(2, 9)}, ValueError, r"hidden must be \[B, T, H\]"),
     ({"tokens": torch.zeros(2, 9, dtype=torch.int64)}, ValueError, "tokens must have shape"),
     ({"entropy_coef": -0.1}, ValueError, "entropy_coef must be finite and >= 0"),
-    ({"clip_lo": 0.1}, TypeError, "unexpected keyword arguments"),
+    ({"clip_lo": 0.1}, TypeError, "did you mean .clip_low."),
     ({"kl_coef": 0.1}, ValueError, "needs ref_logp"),
     ({"softcap": -1.0}, ValueError, "softcap must be finite and > 0"),
 ])
@@ -260,3 +277,40 @@ def test_torch_compile_fullgraph_forward_and_backward():
     _close(compiled_logp, eager_logp, atol=1e-6, rtol=1e-6)
     for eager_leaf, compiled_leaf in zip(eager_leaves, compiled_leaves, strict=True):
         _close(compiled_leaf.grad, eager_leaf.grad, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("settings", [
+    {"agg": "seq-mean-token-mean", "count_empty_rows": True},
+    {"agg": "token-sum", "scale": 0.25},
+    {"agg": "seq-mean-token-sum", "divisor": 7.0},
+    {"agg": "seq-mean-token-sum-norm"},
+])
+def test_entropy_bonus_is_aggregated_as_the_loss(settings):
+    data = _data()
+    data["mask"][2] = 0.0  # an empty sequence
+    h, w = _leaves(data["hidden"], data["weight"])
+    loss, metrics = rlk.linear_policy_loss(h, w, data["tokens"], data["old_logp"],
+                                           data["advantages"], data["mask"], entropy_coef=0.3,
+                                           **settings)
+    loss.backward()
+    leaves = [t.detach().double().requires_grad_(True) for t in (h, w)]
+    want = reference.linear_policy_loss(
+        leaves[0].reshape(-1, 16), leaves[1], data["tokens"].reshape(-1),
+        old_logp=data["old_logp"], advantages=data["advantages"], mask=data["mask"],
+        entropy_coef=0.3, options=rlk.PolicyLossOptions(**settings))
+    want[0].backward()
+    _close(loss, want[0], atol=1e-6, rtol=1e-5)
+    _close(metrics["entropy"], want[1][-1])
+    _close(h.grad, leaves[0].grad, atol=1e-6, rtol=1e-4)
+    _close(w.grad, leaves[1].grad, atol=1e-6, rtol=1e-4)
+
+
+def test_a_second_backward_of_one_call_raises():
+    """Eagerly the gradients are scaled in place (no copy of the weight's gradient)."""
+    data = _data()
+    h, w = _leaves(data["hidden"], data["weight"])
+    loss, _ = rlk.linear_policy_loss(h, w, data["tokens"], data["old_logp"],
+                                     data["advantages"], data["mask"])
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward runs once"):
+        loss.backward()

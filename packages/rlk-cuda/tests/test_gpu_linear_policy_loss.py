@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
-
 import rlk
+import torch
 from rlk import reference
 
 pytestmark = pytest.mark.gpu
@@ -49,6 +48,13 @@ def _options(name: str, data: dict) -> dict:
     return options
 
 
+def _reference_options(options: dict) -> dict:
+    """Reference keywords: the policy tensors as given, the settings as PolicyLossOptions."""
+    tensors = {k: v for k, v in options.items() if isinstance(v, torch.Tensor)}
+    settings = {k: v for k, v in options.items() if k not in tensors}
+    return dict(tensors, options=rlk.PolicyLossOptions(**settings))
+
+
 def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
     """Norm-wise relative error."""
     return float((got.double() - want).norm() / want.norm().clamp_min(1e-30))
@@ -82,7 +88,7 @@ def test_paths_against_float64(monkeypatch: pytest.MonkeyPatch, dtype: torch.dty
     want = reference.linear_policy_loss(
         f64[0].reshape(-1, 64), f64[1], data["tokens"].reshape(-1), old_logp=data["old_logp"],
         advantages=data["advantages"], mask=data["mask"], temperature=0.9, entropy_coef=0.01,
-        **options)
+        **_reference_options(options))
     want[0].backward()
     assert abs(float(loss) - float(want[0])) <= 1e-5 * max(1.0, abs(float(want[0])))
     assert (metrics["logp"].reshape(-1).double() - want[2]).abs().max() < 1e-4
@@ -103,7 +109,8 @@ def test_issue_16_precision_at_a_realistic_shape() -> None:
     f64 = [t.detach().double().requires_grad_(True) for t in (data["hidden"], data["weight"])]
     want = reference.linear_policy_loss(
         f64[0].reshape(-1, 1024), f64[1], data["tokens"].reshape(-1),
-        old_logp=data["old_logp"], advantages=data["advantages"], mask=data["mask"], **options)
+        old_logp=data["old_logp"], advantages=data["advantages"], mask=data["mask"],
+        **_reference_options(options))
     want[0].backward()
     loss_error = abs(float(loss) - float(want[0])) / abs(float(want[0]))
     hidden_error = _relative(leaves[0].grad, f64[0].grad)

@@ -143,13 +143,16 @@ def linear_policy_loss(
     old_logp: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
+    ref_logp: torch.Tensor | None = None,
+    rollout_logp: torch.Tensor | None = None,
+    importance_weights: torch.Tensor | None = None,
+    options: PolicyLossOptions | None = None,
     bias: torch.Tensor | None = None,
     temperature: float | torch.Tensor = 1.0,
     ignore_index: int = -100,
     softcap: float | None = None,
     logit_scale: float = 1.0,
     entropy_coef: float = 0.0,
-    **policy_options: object,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Float64 (loss, metrics, logp) of `policy_loss` on the LM head's log-probabilities.
 
@@ -159,6 +162,7 @@ def linear_policy_loss(
     its terms; metrics are policy_loss's, then the entropy's mean over the mask; logp is 0
     at masked positions.
     """
+    o = options if options is not None else PolicyLossOptions()
     shape = old_logp.shape
     keep = (mask != 0) & (tokens.view(shape) != ignore_index)
     kept_tokens = torch.where(keep.reshape(-1), tokens, ignore_index)
@@ -166,29 +170,28 @@ def linear_policy_loss(
                                         temperature=temperature, ignore_index=ignore_index,
                                         softcap=softcap, logit_scale=logit_scale)
     logp2, entropy2 = logp.view(shape), entropy.view(shape)
-    loss, metrics = policy_loss(logp2, old_logp, advantages, keep.to(torch.float64),
-                                **policy_options)  # type: ignore[arg-type]
-    agg = str(policy_options.get("agg", "token-mean"))
+    loss, metrics = policy_loss(logp2, old_logp, advantages, keep, ref_logp=ref_logp,
+                                rollout_logp=rollout_logp,
+                                importance_weights=importance_weights, options=o)
     if entropy_coef != 0.0:
-        loss = loss - entropy_coef * _aggregate(entropy2, keep, agg)
+        loss = loss - entropy_coef * _aggregate(entropy2, keep, o)
     entropy_mean = entropy2.detach()[keep].sum() / max(int(keep.sum()), 1)
     return loss, torch.cat([metrics, entropy_mean.reshape(1)]), logp
 
 
-def _aggregate(values: torch.Tensor, keep: torch.Tensor, agg: str) -> torch.Tensor:
-    """`values` [B, T] aggregated over the kept positions as `policy_loss` aggregates its
-    per-token terms (one sequence at a time)."""
-    lengths = keep.sum(dim=1)
-    kept = torch.where(keep, values, 0.0)
-    nonempty = lengths > 0
-    sequences = max(int(nonempty.sum()), 1)
-    if agg == "token-mean":
-        return kept.sum() / max(int(lengths.sum()), 1)
-    if agg == "seq-mean-token-mean":
-        return (kept.sum(dim=1)[nonempty] / lengths[nonempty]).sum() / sequences
-    if agg == "seq-mean-token-sum":
-        return kept.sum() / sequences
-    return kept.sum() / max(values.numel(), 1)
+def _aggregate(values: torch.Tensor, keep: torch.Tensor, o: PolicyLossOptions) -> torch.Tensor:
+    """`values` [B, T] aggregated over the kept positions by the options' agg, divisor,
+    count_empty_rows and scale (docs/ops/policy_loss.md), one sequence at a time."""
+    counts = [int(row.sum()) for row in keep]
+    row_sums = [values[i][keep[i]].sum() for i in range(len(counts))]
+    if o.agg == "seq-mean-token-mean":
+        row_sums = [total / max(count, 1) for total, count in zip(row_sums, counts, strict=True)]
+    total = sum(row_sums, values.sum() * 0.0)
+    rows = len(counts) if o.count_empty_rows else sum(count > 0 for count in counts)
+    natural = {"token-mean": sum(counts), "token-sum": 1, "seq-mean-token-mean": rows,
+               "seq-mean-token-sum": rows, "seq-mean-token-sum-norm": rows * values.shape[1]}
+    divisor = o.divisor if o.divisor is not None else max(natural[o.agg], 1)
+    return o.scale * total / divisor
 
 
 def group_advantages(

@@ -29,8 +29,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rlk import distributed, lm_head
+from rlk.native import policy_loss as policy_losses
 from rlk.native.chunks import rows_per_chunk
-from rlk.native.policy_loss import _aggregation_weights
+from rlk.native.policy_loss import aggregation_weights, token_loss_and_grad
 from rlk.ops.temperature import Temperature
 
 SEQUENCES, TOKENS, TWO_PASS = "sequences", "tokens", "two-pass"
@@ -41,8 +42,9 @@ _LIVE = 6
 
 
 def _token_separable(policy: Mapping[str, Any]) -> bool:
-    """Whether d loss / d logp_t needs only token t (sequence-level ratios need the sequence)."""
-    return policy["ratio_level"] == "token"
+    """Whether d loss / d logp_t needs only token t and the mask (sequence-level ratios and
+    VESPO's sequence weight need the whole sequence first)."""
+    return not policy["options"].needs_sequence_pass
 
 
 def choose_path(rows: int, length: int, chunk_rows: int, policy: Mapping[str, Any]) -> str:
@@ -141,35 +143,66 @@ def _slice(temperature: Temperature, start: int, stop: int) -> Temperature:
     return temperature[start:stop] if isinstance(temperature, Tensor) else temperature
 
 
-def _policy_kernel(logp: Tensor, policy: Mapping[str, Any]) -> Any:
-    """The policy_loss kernel the dispatcher selects (its arguments are `policy` plus logp)."""
-    from rlk.ops.policy_loss import POLICY_LOSS
+class LossGrads:
+    """d loss / d logp and d loss / d entropy of a chunk's tokens, at grad_loss = 1.
 
-    return POLICY_LOSS.kernel(dict(policy, logp=logp))
-
-
-def _token_grads(logp: Tensor, policy: Mapping[str, Any], weights: Tensor,
-                 entropy_coef: float) -> tuple[Tensor, Tensor | None]:
-    """d loss / d logp and d loss / d entropy for every token ([B, T]), at grad_loss = 1.
-
-    Exact for the tokens whose logp (and, for sequence-level losses, whose sequence's logp)
-    is already in `logp`, whatever the other entries hold.
+    Token-level options: rlk.native.policy_loss.token_loss_and_grad on the chunk's tokens
+    alone (their aggregation weights come from the whole mask). Options that need whole
+    sequences: policy_loss's native backward over the whole batch, exact for the sequences
+    whose every logp is already in `logp` (the chunk's), whatever the rest holds. The
+    native functions serve every device: this is O(N) work beside the GEMMs' O(N V H).
     """
-    one = torch.ones((), dtype=torch.float32, device=logp.device)
-    grad_logp = _policy_kernel(logp, policy).backward(grad_loss=one, logp=logp, **policy)
-    grad_entropy = None if entropy_coef == 0.0 else weights * -entropy_coef
-    return grad_logp, grad_entropy
+
+    def __init__(self, policy: Mapping[str, Any], entropy_coef: float):
+        self.policy = policy
+        self.options = policy["options"]
+        self.entropy_coef = entropy_coef
+        mask = policy["mask"]
+        self.weights = aggregation_weights(mask, self.options)
+        self.per_token = {name: None if policy[name] is None
+                          else _per_token(policy[name], mask.shape)
+                          for name in ("old_logp", "advantages", "mask", "ref_logp",
+                                       "rollout_logp", "importance_weights")}
+
+    def __call__(self, logp: Tensor, start: int, stop: int) -> tuple[Tensor, Tensor | None]:
+        """Gradients for rows [start, stop) of the flattened [B, T] `logp`."""
+        if self.options.needs_sequence_pass:
+            one = torch.ones((), dtype=torch.float32, device=logp.device)
+            full = logp.view(self.policy["mask"].shape)
+            grad = policy_losses.backward(one, full, **self.policy)
+            grad_logp = grad.reshape(-1)[start:stop].float()
+        else:
+            def rows(name: str) -> Any:
+                value = self.per_token[name]
+                return None if value is None else value[start:stop]
+
+            grad_logp = token_loss_and_grad(
+                logp[start:stop], rows("old_logp"), rows("advantages"), rows("mask"),
+                self.weights.reshape(-1)[start:stop], self.options, ref_logp=rows("ref_logp"),
+                rollout_logp=rows("rollout_logp"),
+                importance_weights=rows("importance_weights")).grad
+        grad_entropy = None
+        if self.entropy_coef != 0.0:
+            grad_entropy = self.weights.reshape(-1)[start:stop] * -self.entropy_coef
+        return grad_logp.contiguous(), grad_entropy
+
+    def loss(self, logp: Tensor, entropy: Tensor) -> tuple[Tensor, Tensor]:
+        """The loss and the metrics (policy_loss's, then the entropy's masked mean)."""
+        shape = self.policy["mask"].shape
+        logp, entropy = logp.view(shape), entropy.view(shape)
+        loss, metrics = policy_losses.forward(logp, **self.policy)
+        active = self.policy["mask"] != 0
+        entropy_mean = torch.where(active, entropy, 0.0).sum() / active.sum().clamp(min=1)
+        if self.entropy_coef != 0.0:
+            loss = loss - self.entropy_coef * (self.weights * entropy).sum()
+        return loss, torch.cat([metrics, entropy_mean.reshape(1)])
 
 
-def _loss(logp: Tensor, entropy: Tensor, policy: Mapping[str, Any], weights: Tensor,
-          entropy_coef: float) -> tuple[Tensor, Tensor]:
-    """The loss and the metrics (policy_loss's, then the entropy's token mean)."""
-    loss, metrics = _policy_kernel(logp, policy).forward(logp=logp, **policy)
-    active = policy["mask"] != 0
-    entropy_mean = torch.where(active, entropy, 0.0).sum() / active.sum().clamp(min=1)
-    if entropy_coef != 0.0:
-        loss = loss - entropy_coef * (weights * entropy).sum()
-    return loss, torch.cat([metrics, entropy_mean.reshape(1)])
+def _per_token(value: Tensor, shape: torch.Size) -> Tensor:
+    """A [B], [B, 1] or [B, T] policy tensor as one value per flattened token."""
+    if value.dim() == 1:
+        value = value.unsqueeze(1)
+    return value.expand(shape).reshape(-1)
 
 
 def _merged_stats(ops: ChunkOps, logits: Tensor, tokens: Tensor, temperature: Temperature,
@@ -203,15 +236,15 @@ def run(ops: ChunkOps, tokens: Tensor, temperature: Temperature, ignore_index: i
     hidden, weight, bias = ops.hidden, ops.weight, ops.bias
     want_h, want_w, want_b = needs_input_grad
     want_b = want_b and bias is not None
-    batch, length = policy["mask"].shape
+    length = policy["mask"].shape[1]
     rows = hidden.shape[0]
     device = hidden.device
     f32: dict[str, Any] = {"dtype": torch.float32, "device": device}
     logp, entropy = torch.zeros(rows, **f32), torch.zeros(rows, **f32)
-    weights, _ = _aggregation_weights(policy["mask"], policy["agg"])
+    grads_of = LossGrads(policy, entropy_coef)
     path = choose_path(rows, length, ops.chunk_rows(), policy)
     if path == TWO_PASS or not (want_h or want_w or want_b):
-        return _two_pass(ops, tokens, temperature, ignore_index, entropy_coef, policy, weights,
+        return _two_pass(ops, tokens, temperature, ignore_index, grads_of,
                          (want_h, want_w, want_b))
     step = ops.chunk_rows() if path == TOKENS else max(1, ops.chunk_rows() // length) * length
     sharded = ops.group is not None
@@ -227,12 +260,9 @@ def run(ops: ChunkOps, tokens: Tensor, temperature: Temperature, ignore_index: i
         part_logp, part_entropy, lse = _merged_stats(ops, logits, chunk_tokens, temp,
                                                      ignore_index)
         logp[start:stop], entropy[start:stop] = part_logp, part_entropy
-        grad_logp, grad_entropy = _token_grads(logp.view(batch, length), policy, weights,
-                                               entropy_coef)
-        grad = ops.logits_grad(
-            logits, codes[start:stop], grad_logp.reshape(-1)[start:stop].contiguous(),
-            None if grad_entropy is None else grad_entropy.reshape(-1)[start:stop].contiguous(),
-            lse, part_entropy, temp, code_ignore)
+        grad_logp, grad_entropy = grads_of(logp, start, stop)
+        grad = ops.logits_grad(logits, codes[start:stop], grad_logp, grad_entropy, lse,
+                               part_entropy, temp, code_ignore)
         if grad_hidden is not None:
             ops.hidden_grad(grad, grad_hidden[start:stop])
         if grad_weight is not None:
@@ -243,8 +273,7 @@ def run(ops: ChunkOps, tokens: Tensor, temperature: Temperature, ignore_index: i
             grad_bias += grad.sum(dim=0, dtype=torch.float32)
     if grad_hidden is not None and ops.group is not None:
         dist.all_reduce(grad_hidden, op=dist.ReduceOp.SUM, group=ops.group)
-    loss, metrics = _loss(logp.view(batch, length), entropy.view(batch, length), policy,
-                          weights, entropy_coef)
+    loss, metrics = grads_of.loss(logp, entropy)
     return (loss, metrics, logp,
             _or_empty(None if grad_hidden is None else grad_hidden.to(hidden.dtype), hidden),
             _or_empty(None if grad_weight is None else ops.weight_grad(grad_weight), hidden),
@@ -257,31 +286,26 @@ def _or_empty(grad: Tensor | None, like: Tensor) -> Tensor:
 
 
 def _two_pass(ops: ChunkOps, tokens: Tensor, temperature: Temperature, ignore_index: int,
-              entropy_coef: float, policy: Mapping[str, Any], weights: Tensor,
-              needs_input_grad: tuple[bool, bool, bool]) -> tuple[Tensor, ...]:
+              grads_of: LossGrads, needs_input_grad: tuple[bool, bool, bool]) -> tuple[Tensor, ...]:
     """logp of every row (selected linear_logp_entropy kernel), the loss and its token
     gradients, then the gradient pass over recomputed logits: four GEMMs."""
     from rlk.ops.linear_logp import LINEAR_LOGP_ENTROPY
 
-    batch, length = policy["mask"].shape
     args = {"hidden": ops.hidden, "weight": ops.weight, "tokens": tokens, "bias": ops.bias,
             "temperature": temperature, "ignore_index": ignore_index, "with_entropy": True,
             "group": ops.group, "softcap": ops.softcap}
     kernel = LINEAR_LOGP_ENTROPY.kernel(args)
     logp, entropy, lse = kernel.forward(**args)
     assert entropy is not None
-    loss, metrics = _loss(logp.view(batch, length), entropy.view(batch, length), policy,
-                          weights, entropy_coef)
+    loss, metrics = grads_of.loss(logp, entropy)
     hidden = ops.hidden
     if not any(needs_input_grad):
         return (loss, metrics, logp, *(hidden.new_empty(0) for _ in range(3)))
-    grad_logp, grad_entropy = _token_grads(logp.view(batch, length), policy, weights,
-                                           entropy_coef)
+    grad_logp, grad_entropy = grads_of(logp, 0, logp.shape[0])
     if grad_entropy is None:  # the kernel's entropy gradient term is then skipped
         grad_entropy = torch.zeros_like(grad_logp)
-    grads = kernel.backward(grad_logp.reshape(-1).contiguous(),
-                            grad_entropy.reshape(-1).contiguous(), hidden, ops.weight, tokens,
-                            ops.bias, temperature, ignore_index, ops.group, lse, entropy,
+    grads = kernel.backward(grad_logp, grad_entropy, hidden, ops.weight, tokens, ops.bias,
+                            temperature, ignore_index, ops.group, lse, entropy,
                             needs_input_grad, ops.softcap)
     return (loss, metrics, logp, *(_or_empty(grad, hidden) for grad in grads))
 

@@ -20,16 +20,16 @@ from rlk import config, distributed, reference
 from rlk.ops import head, validate
 from rlk.ops import policy_loss as policy_losses
 from rlk.ops import temperature as temperatures
-from rlk.ops.spec import GradCase, OpSpec, Sample, Tolerance, register_autograd
+from rlk.ops.policy_loss_options import METRICS, PolicyLossOptions
+from rlk.ops.spec import GradCase, OpSpec, Sample, Tolerance, _traced, register_autograd
 from rlk.ops.temperature import Temperature
 from rlk.registry import Kernel
 
 ENTROPY_METRIC = "entropy"
 
 
-def metric_names() -> tuple[str, ...]:
-    """The metrics vector's entries: policy_loss's, then the masked mean entropy."""
-    return (*policy_losses.METRICS, ENTROPY_METRIC)
+METRIC_NAMES = (*METRICS, ENTROPY_METRIC)  # the metrics vector: policy_loss's, the entropy
+POLICY_TENSORS = policy_losses.TENSORS[1:]  # policy_loss's tensor arguments after logp
 
 
 # ---------------------------------------------------------------------------
@@ -44,7 +44,7 @@ def _policy(old_logp: Tensor, advantages: Tensor, mask: Tensor, tokens: Tensor,
         old_logp.shape)
     args = policy_losses.POLICY_LOSS.prepare(placeholder, old_logp, advantages, mask, **options)
     del args["logp"]
-    args["mask"] = args["mask"] * (tokens.view(old_logp.shape) != ignore_index).to(torch.float32)
+    args["mask"] = (args["mask"] != 0) & (tokens.view(old_logp.shape) != ignore_index)
     return args
 
 
@@ -80,7 +80,7 @@ def _prepare(hidden: Tensor, weight: Tensor, tokens: Tensor, old_logp: Tensor,
     flat = tokens.reshape(-1).to(torch.int64)
     policy = _policy(old_logp, advantages, mask, flat, ignore_index, options)
     # masked positions are ignored rows: logp 0, no gradient, garbage tokens harmless
-    kernel_tokens = torch.where(policy["mask"].reshape(-1) != 0, flat, ignore_index)
+    kernel_tokens = torch.where(policy["mask"].reshape(-1), flat, ignore_index)
     if config.checking_inputs():
         total = weight.shape[0]
         if group is not None:
@@ -140,10 +140,9 @@ def _parameters(schema: str) -> list[str]:
     return [p for p in [*found, current.strip()] if p and p != "*"]
 
 
-# policy_loss's own operator arguments after logp, in its order: whatever options policy_loss
-# defines travel through this operator unchanged (one source for each option).
+# policy_loss's own operator arguments after logp, in its order (its tensors, then its options
+# flattened): whatever policy_loss defines travels through this operator unchanged.
 _POLICY_PARAMETERS = _parameters(str(torch.ops.rlk.policy_loss.default._schema))[1:]
-POLICY_ARGUMENTS = tuple(p.split("=")[0].split()[-1] for p in _POLICY_PARAMETERS)
 _OWN_ARGUMENTS = ("hidden", "weight", "tokens", "bias", "temperature", "temperature_value",
                   "ignore_index", "group", "softcap", "entropy_coef", "need_hidden",
                   "need_weight", "need_bias")
@@ -159,7 +158,9 @@ _LIBRARY.define(
 def _kernel_args(values: tuple[Any, ...]) -> dict[str, Any]:
     """Kernel arguments from the operator's arguments (in schema order)."""
     own = dict(zip(_OWN_ARGUMENTS, values[:len(_OWN_ARGUMENTS)], strict=True))
-    policy = dict(zip(POLICY_ARGUMENTS, values[len(_OWN_ARGUMENTS):], strict=True))
+    rest = values[len(_OWN_ARGUMENTS):]
+    policy = dict(zip(POLICY_TENSORS, rest[:len(POLICY_TENSORS)], strict=True))
+    policy["options"] = PolicyLossOptions.from_flat(tuple(rest[len(POLICY_TENSORS):]))
     return {
         "hidden": own["hidden"],
         "weight": own["weight"],
@@ -192,7 +193,7 @@ def _(*values: Any) -> tuple[Tensor, ...]:
     f32 = {"dtype": torch.float32}
     return (
         hidden.new_empty((), **f32),
-        hidden.new_empty(len(metric_names()), **f32),
+        hidden.new_empty(len(METRIC_NAMES), **f32),
         hidden.new_empty(hidden.shape[0], **f32),
         torch.empty_like(hidden) if need_hidden else hidden.new_empty(0),
         torch.empty_like(weight) if need_weight else hidden.new_empty(0),
@@ -227,7 +228,45 @@ def _op_args(args: Mapping[str, Any]) -> tuple[Any, ...]:
     return (args["hidden"], args["weight"], args["tokens"], args["bias"], temp, value,
             args["ignore_index"], distributed.group_name(args["group"]), args["softcap"],
             args["entropy_coef"], *args["needs_input_grad"],
-            *(policy[name] for name in POLICY_ARGUMENTS))
+            *(policy[name] for name in POLICY_TENSORS), *policy["options"].flat())
+
+
+class _EagerLoss(torch.autograd.Function):
+    """The selected kernel under plain autograd when nothing traces the call (no torch.library
+    wrappers): the gradients the forward computed stay private to the call and are scaled in
+    place by the upstream gradient, so no second copy of the weight's gradient ever exists."""
+
+    @staticmethod
+    def forward(ctx: Any, args: dict[str, Any], hidden: Tensor, weight: Tensor,
+                bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        kernel_args = dict(args, hidden=hidden.detach(), weight=weight.detach(),
+                           bias=None if bias is None else bias.detach())
+        kernel = LINEAR_POLICY_LOSS.kernel(kernel_args)
+        with head.without_autocast(hidden.device):
+            loss, metrics, logp, *grads = kernel.forward(**kernel_args)
+        ctx.grads = grads
+        ctx.mark_non_differentiable(metrics, logp)
+        ctx.set_materialize_grads(False)
+        return loss, metrics, logp
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: Tensor | None, *unused: Tensor | None) -> tuple[Any, ...]:
+        grads, ctx.grads = ctx.grads, None
+        if grads is None:
+            raise RuntimeError("rlk.linear_policy_loss computes its gradients in the forward "
+                               "and scales them in place, so a call's backward runs once; "
+                               "call the op again to differentiate again")
+        need = ctx.needs_input_grad[1:]
+        scaled = [grad.mul_(grad_loss) if wanted and grad_loss is not None else None
+                  for grad, wanted in zip(grads, need, strict=True)]
+        return (None, *scaled)
+
+
+def _run(args: dict[str, Any]) -> tuple[Tensor, ...]:
+    """(loss, metrics, logp): the eager path, or the torch operator under tracing."""
+    if _traced(args) or not any(args["needs_input_grad"]):
+        return tuple(torch.ops.rlk.linear_policy_loss.default(*_op_args(args))[:3])
+    return _EagerLoss.apply(args, args["hidden"], args["weight"], args["bias"])
 
 
 def _needs_grad(*tensors: Tensor | None) -> tuple[bool, bool, bool]:
@@ -267,9 +306,9 @@ def linear_policy_loss(
     args = _prepare(hidden, weight, tokens, old_logp, advantages, mask, bias, temperature,
                     ignore_index, group, entropy_coef, softcap, logit_scale, options)
     args["needs_input_grad"] = _needs_grad(args["hidden"], args["weight"], args["bias"])
-    loss, metrics, logp, *_ = torch.ops.rlk.linear_policy_loss.default(*_op_args(args))
+    loss, metrics, logp = _run(args)
     values = metrics.detach()
-    found = {name: values[index] for index, name in enumerate(metric_names())}
+    found = {name: values[index] for index, name in enumerate(METRIC_NAMES)}
     found["logp"] = logp.detach().view(old_logp.shape)
     return loss, found
 
@@ -316,6 +355,10 @@ def _samples(device: torch.device, dtype: torch.dtype) -> Iterator[Sample]:
     yield case("tis", rollout=True, tis_cap=1.5, agg="seq-mean-token-sum")
     yield case("dual-clip-per-token", per_token=True, dual_clip=2.0, clip_low=0.1)
     yield case("entropy-bonus", entropy_coef=0.05, ref=True, kl_coef=0.02)
+    yield case("cispo-k3+", objective="cispo", clip_high=4.0, ref=True, kl_coef=0.05,
+               kl_estimator="k3+")
+    yield case("vespo", objective="vespo", rollout=True, agg="seq-mean-token-mean")
+    yield case("importance-weights", importance_weights=randn(3).abs() + 0.5, divisor=9.0)
     yield case("bias-temperature", bias=True, temperature=0.7, vocab=40)
     yield case("softcap", softcap=1.5, entropy_coef=0.01, ref=True, kl_coef=0.05, width=16)
     sample = case("per-row-temperature", length=4)
@@ -325,7 +368,7 @@ def _samples(device: torch.device, dtype: torch.dtype) -> Iterator[Sample]:
     # a masked position may hold any token, an ignored one a NaN hidden state
     sample.args["tokens"][[3, 7]] = -100
     sample.args["hidden"][7] = float("nan")
-    sample.args["policy"]["mask"][0, 3] = sample.args["policy"]["mask"][1, 2] = 0.0
+    sample.args["policy"]["mask"][0, 3] = sample.args["policy"]["mask"][1, 2] = False
     yield sample
     yield case("one-token-sequences", batch=4, length=1, agg="seq-mean-token-mean")
     yield case("empty", batch=0, length=5)

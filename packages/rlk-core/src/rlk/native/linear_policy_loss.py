@@ -1,11 +1,12 @@
 """Native linear_policy_loss: the LM head and the policy loss in three GEMMs per row chunk.
 
 Each row chunk's float32 logits are computed once. The selected logp kernel reduces them to
-logp, entropy and log-sum-exp; the policy loss's own backward gives d loss / d logp for the
-chunk's tokens (its normalisers come from the whole mask, so the chunk's gradient is exact);
-the logp kernel's backward turns the logits into d loss / d logits in place, and two GEMMs
-fold that into grad_hidden (the chunk's rows) and grad_weight (accumulated). The backward of
-the op then only scales these gradients by the upstream gradient of the loss.
+logp, entropy and log-sum-exp; policy_loss's per-token API gives d loss / d logp for the
+chunk's tokens (the normalisers come from the whole mask, so the chunk's gradient is exact:
+`LossGrads`); the logp kernel's backward turns the logits into d loss / d logits in place,
+and two GEMMs fold that into grad_hidden (the chunk's rows) and grad_weight (accumulated).
+The loss and metrics come from one policy_loss forward over every logp at the end. The
+backward of the op then only scales these gradients by the upstream gradient of the loss.
 
 Paths (`plan`): row chunks of whole sequences when a sequence fits a chunk ("sequences",
 any loss); chunks inside sequences for losses whose token gradient needs only that token

@@ -71,8 +71,7 @@ def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
 def test_paths_against_float64(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype,
                                chunk_mb: str | None, length: int, name: str, path: str) -> None:
     if chunk_mb is not None:
-        monkeypatch.setenv("RLK_CUDA_LOSS_CHUNK_MB", chunk_mb)
-        monkeypatch.setenv("RLK_CUDA_CHUNK_MB", "0.5")  # the two-pass path's linear kernels
+        monkeypatch.setenv("RLK_CUDA_CHUNK_MB", chunk_mb)
     data = _data(4, length, 64, 1300, dtype)
     options = _options(name, data)
     args = (data["tokens"], data["old_logp"], data["advantages"], data["mask"])
@@ -125,7 +124,7 @@ def test_issue_16_precision_at_a_realistic_shape() -> None:
 
 def test_extra_memory_is_the_chunk_buffers_and_the_gradients(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RLK_CUDA_LOSS_CHUNK_MB", "64")
+    monkeypatch.setenv("RLK_CUDA_CHUNK_MB", "64")
     data = _data(8, 512, 1024, 50000, torch.bfloat16, seed=4)
     leaves = [t.clone().requires_grad_(True) for t in (data["hidden"], data["weight"])]
     args = (data["tokens"], data["old_logp"], data["advantages"], data["mask"])

@@ -30,12 +30,13 @@ from rlk_cuda._launch import device_of, dtype_code, f32_empty, ptr, stream
 from rlk_cuda.logp import launch_backward
 
 Temperature = float | Tensor
-_DEFAULT_CHUNK_MB = 256
+_DEFAULT_CHUNK_MB = 768
 _ROW_ALIGN = 8  # buffer rows start on 32-byte boundaries: the kernels' 16-byte vectors fit
 
 
 def chunk_bytes() -> int:
-    """Budget of the logits buffers (RLK_CUDA_CHUNK_MB overrides the 256 MiB default)."""
+    """Budget of the linear ops' logits buffers (RLK_CUDA_CHUNK_MB overrides the 768 MiB
+    default: 1024 rows of float32 logits and their bf16 gradient at a 128k vocabulary)."""
     raw = os.environ.get("RLK_CUDA_CHUNK_MB", str(_DEFAULT_CHUNK_MB))
     value = float(raw)
     if value <= 0:

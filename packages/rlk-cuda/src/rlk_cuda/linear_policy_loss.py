@@ -6,12 +6,11 @@ backward kernel writing d loss / d logits straight into the GEMM input dtype (no
 copy), then grad_hidden = g @ W into the chunk's rows and grad_weight += g.T @ hidden.
 grad_weight accumulates in the weight's dtype through cuBLAS (float32 arithmetic, one
 rounding per chunk), so no float32 copy of the weight's shape exists: the extra memory is the
-two chunk buffers, `RLK_CUDA_LOSS_CHUNK_MB` (default 768 MiB) together.
+two chunk buffers, together within rlk_cuda.linear.chunk_bytes() (RLK_CUDA_CHUNK_MB).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -22,20 +21,10 @@ from torch import Tensor
 
 from rlk_cuda import logp as logp_kernels
 from rlk_cuda._launch import device_of
-from rlk_cuda.linear import padded, rows_view, soft_cap
+from rlk_cuda.linear import chunk_bytes, padded, rows_view, soft_cap
 
 Temperature = float | Tensor
-_DEFAULT_CHUNK_MB = 768
 _ROW_MULTIPLE = 128  # rows per chunk inside sequences: whole GEMM tiles
-
-
-def chunk_bytes() -> int:
-    """Budget of the two chunk buffers (RLK_CUDA_LOSS_CHUNK_MB overrides the 768 MiB default)."""
-    raw = os.environ.get("RLK_CUDA_LOSS_CHUNK_MB", str(_DEFAULT_CHUNK_MB))
-    value = float(raw)
-    if value <= 0:
-        raise ValueError(f"RLK_CUDA_LOSS_CHUNK_MB must be > 0, got {raw!r}")
-    return int(value * 2**20)
 
 
 class CudaChunkOps(loop.ChunkOps):

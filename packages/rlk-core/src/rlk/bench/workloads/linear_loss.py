@@ -87,8 +87,11 @@ def cost(case: Case, dtype: torch.dtype, backward: bool) -> Cost:
 
 
 def _policy_loss64(logp: Tensor, x: Inputs) -> Tensor:
+    from rlk.ops.policy_loss_options import PolicyLossOptions
+
     loss, _ = reference.policy_loss(logp, x["old_logp"], x["advantages"], x["mask"],
-                                    ref_logp=x["ref_logp"], **x["options"])
+                                    ref_logp=x["ref_logp"],
+                                    options=PolicyLossOptions(**x["options"]))
     return loss
 
 
@@ -117,10 +120,16 @@ def expected(x: Inputs, backward: bool) -> dict[str, Tensor]:
 
 
 def compare(found: dict[str, Tensor], outputs: Outputs, x: Inputs) -> list[Error]:
+    """Errors per output; logp where the mask is set (rlk reports 0 elsewhere, peers logp)."""
+    real = x["mask"].reshape(-1) != 0
+    masked = dict(outputs)
+    if "logp" in outputs:
+        masked["logp"] = torch.where(real, outputs["logp"], 0.0)
+    found = dict(found, logp=torch.where(real, found["logp"], 0.0))
     per_row = {k: v for k, v in found.items() if k == "grad_hidden"}
     whole = {k: v for k, v in found.items() if k != "grad_hidden"}
-    return (checks.compare_rows(per_row, outputs, x["check_rows"])
-            + checks.compare_rows(whole, outputs, None))
+    return (checks.compare_rows(per_row, masked, x["check_rows"])
+            + checks.compare_rows(whole, masked, None))
 
 
 def _outputs(loss: Tensor, logp: Tensor, x: Inputs, backward: bool) -> Outputs:

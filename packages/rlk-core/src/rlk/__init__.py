@@ -14,6 +14,7 @@ from rlk.dispatch import use_backends
 from rlk.errors import BackendUnavailableError, PluginError
 from rlk.introspect import BackendInfo, backends, explain
 from rlk.ops.advantages import group_advantages
+from rlk.ops.advantages_options import GroupAdvantagesOptions
 from rlk.ops.linear_logp import linear_logp, linear_logp_entropy
 from rlk.ops.linear_policy_loss import linear_policy_loss
 from rlk.ops.logp import logp, logp_entropy
@@ -26,6 +27,7 @@ __all__ = [
     "PLUGIN_API_VERSION",
     "BackendInfo",
     "BackendUnavailableError",
+    "GroupAdvantagesOptions",
     "PluginError",
     "PolicyLossOptions",
     "Sampled",

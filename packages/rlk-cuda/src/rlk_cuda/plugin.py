@@ -15,6 +15,8 @@ PRIORITY = 200
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 FLOAT32 = (torch.float32,)
+# policy_loss reads logp (its main input) in any float dtype, float64 included
+ANY_FLOAT = (*DTYPES, torch.float64)
 
 # op -> (forward target, backward target or None, properties, dtypes of the main input)
 KERNELS: dict[str, tuple[str, str | None, tuple[str, ...], tuple[torch.dtype, ...]]] = {
@@ -30,7 +32,8 @@ KERNELS: dict[str, tuple[str, str | None, tuple[str, ...], tuple[torch.dtype, ..
     "linear_logp_entropy": ("rlk_cuda.linear:forward", "rlk_cuda.linear:backward", (), DTYPES),
     "linear_policy_loss": ("rlk_cuda.linear_policy_loss:forward", None, (), DTYPES),
     "group_advantages": ("rlk_cuda.advantages:forward", None, (), FLOAT32),
-    "policy_loss": ("rlk_cuda.policy_loss:forward", "rlk_cuda.policy_loss:backward", (), FLOAT32),
+    "policy_loss": ("rlk_cuda.policy_loss:forward", "rlk_cuda.policy_loss:backward", (),
+                    ANY_FLOAT),
 }
 
 

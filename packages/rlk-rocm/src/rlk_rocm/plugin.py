@@ -18,6 +18,7 @@ BACKEND = "rocm"
 PRIORITY = 200
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 FLOAT32 = (torch.float32,)
+ANY_FLOAT = (*DTYPES, torch.float64)
 BATCH_INVARIANT = ("batch_invariant",)
 
 # op -> (forward target, backward target or None, properties, dtypes of the main input).
@@ -30,7 +31,8 @@ KERNELS: dict[str, tuple[str, str | None, tuple[str, ...], tuple[torch.dtype, ..
     "linear_logp_entropy": ("rlk_rocm.linear:forward", "rlk_rocm.linear:backward", (), DTYPES),
     "linear_policy_loss": ("rlk_rocm.linear_policy_loss:forward", None, (), DTYPES),
     "group_advantages": ("rlk_rocm.advantages:forward", None, (), FLOAT32),
-    "policy_loss": ("rlk_rocm.policy_loss:forward", "rlk_rocm.policy_loss:backward", (), FLOAT32),
+    "policy_loss": ("rlk_rocm.policy_loss:forward", "rlk_rocm.policy_loss:backward", (),
+                    ANY_FLOAT),
 }
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from rlk.dispatch import Policy, captured_policy, get_dispatcher, scoped_policy
@@ -44,8 +45,9 @@ class EagerPath:
     kernel itself, under a plain autograd.Function when an input requires grad; under
     them, `torch_op` runs, so compiled and exported graphs still hold one opaque node.
 
-    - `torch_op`: the op's torch operator; `op_arguments`: kernel arguments -> its
-      positional arguments.
+    - `torch_op`: the op's torch operator; `op_arguments`: the op's validated arguments
+      -> its positional arguments; `kernel_arguments`: the same -> kernel arguments, when
+      they differ (what the torch operator's implementation does first).
     - `grad_inputs`: kernel arguments that may require grad, in the order `backward`
       returns their gradients; `backward`: (kernel, kernel arguments, output gradients)
       -> those gradients.
@@ -54,6 +56,7 @@ class EagerPath:
 
     torch_op: Callable[..., Any]
     op_arguments: Callable[[Mapping[str, Any]], tuple[Any, ...]]
+    kernel_arguments: Callable[[Mapping[str, Any]], KernelArgs] | None = None
     grad_inputs: tuple[str, ...] = ()
     backward: Callable[[Kernel, Mapping[str, Any], tuple[Tensor | None, ...]],
                        tuple[Tensor | None, ...]] | None = None
@@ -101,12 +104,14 @@ class OpSpec:
         return get_dispatcher().kernel_for(self.name, main.device, main.dtype, flags, args)
 
     def call(self, args: KernelArgs) -> Any:
-        """Run the op on validated kernel arguments: directly when nothing traces the call
+        """Run the op on its validated arguments: directly when nothing traces the call
         (see EagerPath), else through its torch operator."""
         eager = self.eager
         assert eager is not None, f"op {self.name} declares no EagerPath"
         if _traced(args):
             return eager.torch_op(*eager.op_arguments(args))
+        if eager.kernel_arguments is not None:
+            args = eager.kernel_arguments(args)
         kernel = self.kernel(args)
         inputs = [args[name] for name in eager.grad_inputs]
         if not (torch.is_grad_enabled()
@@ -167,6 +172,7 @@ class _KernelFunction(torch.autograd.Function):
         return outputs
 
     @staticmethod
+    @once_differentiable  # kernels have no double backward: say so instead of returning 0
     def backward(ctx: Any, *grads: Tensor | None) -> Any:
         call: _Call = ctx.call
         eager = call.spec.eager

@@ -57,7 +57,7 @@ NB_MODULE(_C, m) {
           rlk::LogpFwdArgs a{ptr<const void>(logits), dtype, M, V, row_stride,
                              ptr<const int64_t>(tokens), ptr<const int64_t>(rows), R, temperature,
                              ptr<const float>(temp_rows), ignore_index, ptr<float>(logp),
-                             logp_stride, ptr<float>(entropy), ptr<float>(lse), ptr<float>(stats),
+                             logp_stride, ptr<float>(entropy), ptr<double>(lse), ptr<float>(stats),
                              nseg, ptr<float>(partial)};
           void* s = reinterpret_cast<void*>(stream);
           check(tma ? rlk::logp_forward_tma(a, s) : rlk::logp_forward(a, s));
@@ -85,7 +85,7 @@ NB_MODULE(_C, m) {
           rlk::LogpBwdArgs a{ptr<const void>(logits), dtype, M, V, row_stride, ptr<void>(grad),
                              grad_dtype, grad_row_stride, ptr<const int64_t>(tokens),
                              ptr<const float>(g_logp),
-                             ptr<const float>(g_ent), ptr<const float>(lse),
+                             ptr<const float>(g_ent), ptr<const double>(lse),
                              ptr<const float>(entropy), temperature, ptr<const float>(temp_rows),
                              ignore_index, col_offset, vocab_total};
           check(rlk::logp_backward(a, reinterpret_cast<void*>(stream)));
@@ -113,7 +113,7 @@ NB_MODULE(_C, m) {
                               vocab_total, ptr<const int64_t>(tokens), temperature,
                               ptr<const float>(temp_rows), ignore_index, chunk, nchunks,
                               ptr<float>(partial), ptr<float>(tok_logit), ptr<float>(logp),
-                              ptr<float>(entropy), ptr<float>(lse)};
+                              ptr<float>(entropy), ptr<double>(lse)};
           void* s = reinterpret_cast<void*>(stream);
           check(phase == 0 ? rlk::logp_cols_partial(a, s) : rlk::logp_cols_merge(a, s));
         });

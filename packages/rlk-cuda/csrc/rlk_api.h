@@ -22,7 +22,8 @@ struct LogpFwdArgs {
   float* logp;            // [R] (stride logp_stride) or nullptr
   int64_t logp_stride;
   float* entropy;         // [R] or nullptr (no entropy)
-  float* lse;             // [R] or nullptr
+  double* lse;            // [R] or nullptr: float64, so the backward keeps 1 - p of a dominant
+                          // token (float32 cannot hold lse to that precision when x / T is large)
   float* stats;           // [2, R] (row max of raw logits, log of the shifted sum) or nullptr
   int nseg;               // logp_forward_segments(V)
   float* partial;         // [R, nseg, 3] scratch when nseg > 1 (from torch, not allocated here)
@@ -44,7 +45,7 @@ struct LogpColsArgs {
   float* tok_logit;       // [N] raw logit of each row's token (written by its chunk)
   float* logp;            // [N] (merge)
   float* entropy;         // [N] or nullptr: also selects the entropy statistics
-  float* lse;             // [N] (merge)
+  double* lse;            // [N] (merge): float64, as the logp backward kernel reads it
 };
 
 // Soft-capping of a float32 logits chunk [N, C] (the linear ops, rlk.lm_head): with grad null,
@@ -86,7 +87,7 @@ struct LogpBwdArgs {
   const int64_t* tokens;  // [M]
   const float* g_logp;    // [M]
   const float* g_ent;     // [M] or nullptr
-  const float* lse;       // [M]
+  const double* lse;      // [M], as the forward wrote it
   const float* entropy;   // [M] or nullptr (needed when g_ent is given)
   float temperature;
   const float* temp_rows; // [M] or nullptr

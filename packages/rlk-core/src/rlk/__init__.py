@@ -15,6 +15,7 @@ from rlk.errors import BackendUnavailableError, PluginError
 from rlk.introspect import BackendInfo, backends, explain
 from rlk.ops.advantages import group_advantages
 from rlk.ops.advantages_options import GroupAdvantagesOptions
+from rlk.ops.entropy import entropy
 from rlk.ops.linear_logp import linear_logp, linear_logp_entropy
 from rlk.ops.linear_policy_loss import linear_policy_loss
 from rlk.ops.logp import logp, logp_entropy
@@ -35,6 +36,7 @@ __all__ = [
     "backends",
     "check_inputs",
     "distributed",
+    "entropy",
     "explain",
     "group_advantages",
     "hookimpl",

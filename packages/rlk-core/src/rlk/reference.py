@@ -22,9 +22,10 @@ def logp_entropy(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log softmax(logits / T) at `tokens`, and the entropy of softmax(logits / T), in float64.
 
-    Leading dimensions of `logits` match `tokens`; a per-row temperature has the
-    same shape as `tokens`. ignore_index gives 0 for both; an out-of-range token
-    gives NaN logp; non-finite rows give NaN.
+    `tokens` has the leading shape of `logits` (one token per row) or that shape plus K
+    (K tokens per row, logp `[..., K]`); a per-row temperature has the leading shape.
+    An ignored token (ignore_index) gives logp 0, and a row whose tokens are all ignored
+    gives entropy 0; an out-of-range token gives NaN logp; non-finite rows give NaN.
     """
     x = logits.to(torch.float64)
     if isinstance(temperature, torch.Tensor):
@@ -38,14 +39,31 @@ def logp_entropy(
     # p log p is 0 where p is 0; masking log p (not the product) keeps gradients finite
     entropy = -(probs * torch.where(probs > 0, log_probs, 0.0)).sum(dim=-1)
     tokens = tokens.detach().to(torch.int64)
-    valid = (tokens >= 0) & (tokens < vocab)
-    picked = log_probs.gather(-1, tokens.clamp(0, max(vocab - 1, 0)).unsqueeze(-1)).squeeze(-1)
-    logp = torch.where(valid, picked, torch.nan)
+    per_row = tokens.dim() == x.dim()
+    columns = tokens if per_row else tokens.unsqueeze(-1)
+    valid = (columns >= 0) & (columns < vocab)
+    picked = log_probs.gather(-1, columns.clamp(0, max(vocab - 1, 0)))
     finite = torch.isfinite(lse)
-    logp = torch.where(finite, logp, torch.nan)
+    logp = torch.where(valid & finite.unsqueeze(-1), picked, torch.nan)
     entropy = torch.where(finite, entropy, torch.nan)
-    ignored = tokens == ignore_index
-    return logp.masked_fill(ignored, 0.0), entropy.masked_fill(ignored, 0.0)
+    ignored = columns == ignore_index
+    logp = logp.masked_fill(ignored, 0.0)
+    entropy = entropy.masked_fill(ignored.all(dim=-1), 0.0)
+    return (logp if per_row else logp.squeeze(-1)), entropy
+
+
+def entropy(
+    logits: torch.Tensor,
+    *,
+    temperature: float | torch.Tensor = 1.0,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The float64 entropy of softmax(logits / T) per row; 0 where `mask` is False."""
+    lead = logits.shape[:-1]
+    tokens = torch.zeros(lead, dtype=torch.int64, device=logits.device)
+    if mask is not None:
+        tokens = tokens.masked_fill(~mask.to(torch.bool), -1)
+    return logp_entropy(logits, tokens, temperature=temperature, ignore_index=-1)[1]
 
 
 def logp_entropy_grad(

@@ -124,7 +124,7 @@ def _shard_forward(
     device = hidden.device
     logp = f32_empty(num, device=device)
     entropy = f32_empty(num, device=device) if with_entropy else None
-    lse = f32_empty(num, device=device)
+    lse = torch.empty(num, dtype=torch.float64, device=device)  # what the backward kernel reads
     if num == 0:
         return logp, entropy, lse
     index = device_of("hidden", hidden)
@@ -320,7 +320,7 @@ def _shard_backward(
     tokens = tokens.to(torch.int64).contiguous()
     g_logp = grad_logp.to(torch.float32).contiguous()
     g_ent = None if grad_entropy is None else grad_entropy.to(torch.float32).contiguous()
-    lse = lse.to(torch.float32).contiguous()
+    lse = lse.to(torch.float64).contiguous()
     entropy = None if entropy is None else entropy.to(torch.float32).contiguous()
     for start in range(0, vocab, width):
         stop = min(vocab, start + width)

@@ -72,8 +72,10 @@ def forward(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
         codes, owned = distributed.forward_tokens(tokens, shard)
         kernel_ignore = distributed.KERNEL_IGNORE
     options: dict[str, Any] = {"dtype": torch.float32, "device": hidden.device}
-    logp, lse = torch.empty(rows, **options), torch.empty(rows, **options)
-    entropy = torch.empty(rows, **options) if with_entropy else None
+    logp, entropy = torch.empty(rows, **options), None
+    lse = torch.empty(rows, dtype=torch.float64, device=hidden.device)  # the logp kernels'
+    if with_entropy:
+        entropy = torch.empty(rows, **options)
     operand = lm_head.gemm_weight(weight)
     temperature = lm_head.kernel_temperature(temperature, softcap)
     kernel = None

@@ -35,7 +35,7 @@ def _prepare(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None
     distributed.group_name(group)
     flat_tokens = tokens.reshape(-1).to(torch.int64)
     if config.checking_inputs():
-        _check_ranges(flat_tokens, weight, ignore_index, prepared.temperature, group)
+        _check_ranges(flat_tokens, weight, ignore_index, group)
     args = {
         "hidden": prepared.hidden,
         "weight": prepared.weight,
@@ -49,14 +49,12 @@ def _prepare(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None
     return args, prepared.lead
 
 
-def _check_ranges(tokens: Tensor, weight: Tensor, ignore_index: int, temperature: Temperature,
-                  group: Any) -> None:
+def _check_ranges(tokens: Tensor, weight: Tensor, ignore_index: int, group: Any) -> None:
     """The opt-in checks that need a device sync (RLK_CHECK_INPUTS=1)."""
     total = weight.shape[0]
     if group is not None:
         total = distributed.layout(weight.shape[0], group, weight.device).total
     distributed.check_tokens(tokens, total, ignore_index)
-    temperatures.check_range(temperature)
 
 
 def _flags(args: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -91,6 +89,8 @@ def _spec_for(with_entropy: bool) -> OpSpec:
 
 # ---------------------------------------------------------------------------
 # torch operators: what torch.compile and autograd see
+
+_LSE = torch.float64  # the saved log-sum-exp, as the logp kernels write and read it
 
 
 @torch.library.custom_op("rlk::linear_logp", mutates_args=())
@@ -143,13 +143,16 @@ def _linear_logp_backward_op(
 @_linear_logp_op.register_fake
 def _(hidden, weight, tokens, bias, temperature, temperature_value, ignore_index, group,
       softcap):
-    return tuple(hidden.new_empty(hidden.shape[0], dtype=torch.float32) for _ in range(2))
+    rows = hidden.shape[0]
+    return hidden.new_empty(rows, dtype=torch.float32), hidden.new_empty(rows, dtype=_LSE)
 
 
 @_linear_logp_entropy_op.register_fake
 def _(hidden, weight, tokens, bias, temperature, temperature_value, ignore_index, group,
       softcap):
-    return tuple(hidden.new_empty(hidden.shape[0], dtype=torch.float32) for _ in range(3))
+    rows = hidden.shape[0]
+    logp, entropy = (hidden.new_empty(rows, dtype=torch.float32) for _ in range(2))
+    return logp, entropy, hidden.new_empty(rows, dtype=_LSE)
 
 
 @_linear_logp_backward_op.register_fake

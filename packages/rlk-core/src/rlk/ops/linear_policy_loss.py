@@ -86,7 +86,6 @@ def _prepare(hidden: Tensor, weight: Tensor, tokens: Tensor, old_logp: Tensor,
         if group is not None:
             total = distributed.layout(weight.shape[0], group, weight.device).total
         distributed.check_tokens(kernel_tokens, total, ignore_index)
-        temperatures.check_range(prepared.temperature)
     return {
         "hidden": prepared.hidden,
         "weight": prepared.weight,

@@ -314,3 +314,22 @@ def test_a_second_backward_of_one_call_raises():
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="backward runs once"):
         loss.backward()
+
+
+@pytest.mark.parametrize("name", ["ppo", "tis-k2", "cispo-k3+-divisor", "dual-clip-dr-grpo"])
+def test_whole_batch_and_per_token_gradients_agree_on_a_chunk(name):
+    """GPU backends take the whole-batch kernel per chunk; native the per-token functions."""
+    from rlk.native.linear_policy_loss import LossGrads
+    from rlk.ops.policy_loss import POLICY_LOSS
+
+    data = _data()
+    options = _options(name, data)
+    policy = POLICY_LOSS.prepare(data["old_logp"], data["old_logp"], data["advantages"],
+                                 data["mask"], **options)
+    del policy["logp"]
+    logp = torch.zeros(18)
+    logp[4:11] = data["old_logp"].reshape(-1)[4:11] + 0.3  # the chunk's rows; the rest unknown
+    per_token = LossGrads(policy, 0.1)(logp, 4, 11)
+    whole = LossGrads(policy, 0.1, whole_batch=True)(logp, 4, 11)
+    for a, b in zip(per_token, whole, strict=True):
+        _close(a, b, atol=1e-7, rtol=1e-6)

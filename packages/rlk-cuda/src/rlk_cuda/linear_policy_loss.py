@@ -11,6 +11,7 @@ two chunk buffers, together within rlk_cuda.linear.chunk_bytes() (RLK_CUDA_CHUNK
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -84,6 +85,13 @@ class CudaChunkOps(loop.ChunkOps):
 
     def weight_grad(self, acc: Tensor) -> Tensor:
         return acc
+
+    def loss_grads(self, policy: Mapping[str, Any], entropy_coef: float) -> loop.LossGrads:
+        """The selected policy_loss kernel over the whole batch: two launches a chunk."""
+        from rlk.ops.policy_loss import POLICY_LOSS
+
+        kernel = POLICY_LOSS.kernel(dict(policy, logp=policy["old_logp"]))
+        return loop.LossGrads(policy, entropy_coef, kernel=kernel, whole_batch=True)
 
     def hidden_grad(self, grad: Tensor, out: Tensor) -> None:
         if out.dtype == grad.dtype:

@@ -134,6 +134,10 @@ class ChunkOps:
         """out = grad @ weight, the chunk's rows of grad_hidden."""
         out.copy_(grad @ self.operand)
 
+    def loss_grads(self, policy: Mapping[str, Any], entropy_coef: float) -> LossGrads:
+        """The loss's token gradients: policy_loss's native per-token functions."""
+        return LossGrads(policy, entropy_coef)
+
 
 def _chunks(rows: int, step: int) -> Iterator[tuple[int, int]]:
     for start in range(0, rows, step):
@@ -147,30 +151,35 @@ def _slice(temperature: Temperature, start: int, stop: int) -> Temperature:
 class LossGrads:
     """d loss / d logp and d loss / d entropy of a chunk's tokens, at grad_loss = 1.
 
-    Token-level options: rlk.native.policy_loss.token_loss_and_grad on the chunk's tokens
-    alone (their aggregation weights come from the whole mask). Options that need whole
-    sequences: policy_loss's native backward over the whole batch, exact for the sequences
-    whose every logp is already in `logp` (the chunk's), whatever the rest holds. The
-    native functions serve every device: this is O(N) work beside the GEMMs' O(N V H).
+    `kernel` is a policy_loss kernel (forward, backward; native's by default). Token-level
+    options: rlk.native.policy_loss.token_loss_and_grad on the chunk's tokens alone (their
+    aggregation weights come from the whole mask): O(N) work in all. With `whole_batch`, and
+    always for options that need whole sequences: the kernel's backward over the whole
+    batch, exact for the sequences whose every logp is already in `logp` (the chunk's),
+    whatever the rest holds: O(N) per chunk, but two launches of a GPU kernel where the
+    per-token functions take dozens of small ones.
     """
 
-    def __init__(self, policy: Mapping[str, Any], entropy_coef: float):
+    def __init__(self, policy: Mapping[str, Any], entropy_coef: float,
+                 kernel: Any = policy_losses, whole_batch: bool = False):
         self.policy = policy
         self.options = policy["options"]
         self.entropy_coef = entropy_coef
+        self.kernel = kernel
+        self.whole_batch = whole_batch or self.options.needs_sequence_pass
         mask = policy["mask"]
         self.weights = aggregation_weights(mask, self.options)
-        self.per_token = {name: None if policy[name] is None
-                          else _per_token(policy[name], mask.shape)
-                          for name in ("old_logp", "advantages", "mask", "ref_logp",
-                                       "rollout_logp", "importance_weights")}
+        self.per_token = {} if self.whole_batch else {
+            name: None if policy[name] is None else _per_token(policy[name], mask.shape)
+            for name in ("old_logp", "advantages", "mask", "ref_logp", "rollout_logp",
+                         "importance_weights")}
 
     def __call__(self, logp: Tensor, start: int, stop: int) -> tuple[Tensor, Tensor | None]:
         """Gradients for rows [start, stop) of the flattened [B, T] `logp`."""
-        if self.options.needs_sequence_pass:
+        if self.whole_batch:
             one = torch.ones((), dtype=torch.float32, device=logp.device)
             full = logp.view(self.policy["mask"].shape)
-            grad = policy_losses.backward(one, full, **self.policy)
+            grad = self.kernel.backward(one, full, **self.policy)
             grad_logp = grad.reshape(-1)[start:stop].float()
         else:
             def rows(name: str) -> Any:
@@ -191,7 +200,7 @@ class LossGrads:
         """The loss and the metrics (policy_loss's, then the entropy's masked mean)."""
         shape = self.policy["mask"].shape
         logp, entropy = logp.view(shape), entropy.view(shape)
-        loss, metrics = policy_losses.forward(logp, **self.policy)
+        loss, metrics = self.kernel.forward(logp, **self.policy)
         active = self.policy["mask"] != 0
         entropy_mean = torch.where(active, entropy, 0.0).sum() / active.sum().clamp(min=1)
         if self.entropy_coef != 0.0:
@@ -242,7 +251,7 @@ def run(ops: ChunkOps, tokens: Tensor, temperature: Temperature, ignore_index: i
     device = hidden.device
     f32: dict[str, Any] = {"dtype": torch.float32, "device": device}
     logp, entropy = torch.zeros(rows, **f32), torch.zeros(rows, **f32)
-    grads_of = LossGrads(policy, entropy_coef)
+    grads_of = ops.loss_grads(policy, entropy_coef)
     path = choose_path(rows, length, ops.chunk_rows(), policy)
     if path == TWO_PASS or not (want_h or want_w or want_b):
         return _two_pass(ops, tokens, temperature, ignore_index, grads_of,

@@ -30,6 +30,7 @@ from rlk.bench.workload import (
     Inputs,
     Outputs,
     Peer,
+    Variant,
     Workload,
     element_size,
     rlk_function,
@@ -235,6 +236,10 @@ PEERS = {
     "liger": Peer("liger", _liger, note="LigerFusedLinearGRPOLoss, chunk_size=1; 'grpo' "
                   "divides by all rows, rlk's GSPO mean by non-empty ones (same here)"),
 }
+
+# rlk-cuda's chunk budget (default 768 MiB) halved and doubled: what the default trades
+CHUNK_BUDGETS = tuple(Variant("cuda", f"chunk-{mb}mb", {"RLK_CUDA_CHUNK_MB": str(mb)})
+                      for mb in (384, 1536))
 
 LINEAR_POLICY_LOSS = Workload(
     name="linear-policy-loss", op="linear_policy_loss", modes=(FORWARD, FORWARD_BACKWARD),

@@ -96,8 +96,12 @@ def test_paths_against_float64(monkeypatch: pytest.MonkeyPatch, dtype: torch.dty
     assert _relative(leaves[1].grad, f64[1].grad) < limit
 
 
-def test_issue_16_precision_at_a_realistic_shape() -> None:
-    """Loss within 1e-5 of float64; the gradients' norm-wise error vs a float32 reference."""
+@pytest.mark.parametrize("chunk_mb", [None, "64"])  # one row chunk; eight (bf16 accumulation)
+def test_issue_16_precision_at_a_realistic_shape(monkeypatch: pytest.MonkeyPatch,
+                                                 chunk_mb: str | None) -> None:
+    """Loss within 1e-5 of float64; the gradients' norm-wise error against float64."""
+    if chunk_mb is not None:
+        monkeypatch.setenv("RLK_CUDA_CHUNK_MB", chunk_mb)
     data = _data(4, 512, 1024, 32768, torch.bfloat16, seed=3)
     options = _options("grpo-k3", data)
     args = (data["tokens"], data["old_logp"], data["advantages"], data["mask"])
@@ -114,8 +118,8 @@ def test_issue_16_precision_at_a_realistic_shape() -> None:
     loss_error = abs(float(loss) - float(want[0])) / abs(float(want[0]))
     hidden_error = _relative(leaves[0].grad, f64[0].grad)
     weight_error = _relative(leaves[1].grad, f64[1].grad)
-    print(f"\nloss rel {loss_error:.2e}, grad_hidden rel {hidden_error:.2e}, "
-          f"grad_weight rel {weight_error:.2e}")
+    print(f"\nchunk budget {chunk_mb or 'default'} MiB: loss rel {loss_error:.2e}, "
+          f"grad_hidden rel {hidden_error:.2e}, grad_weight rel {weight_error:.2e}")
     assert loss_error < 1e-5
     # one bf16 rounding of a gradient is 1.1e-3 (norm-wise); the weight gradient adds one
     # rounding per chunk of its bf16 accumulation
@@ -151,5 +155,6 @@ def test_no_grad_forward_equals_the_training_forward() -> None:
             loss, metrics = rlk.linear_policy_loss(*args)
         leaves = [t.clone().requires_grad_(True) for t in args[:2]]
         train_loss, train_metrics = rlk.linear_policy_loss(*leaves, *args[2:])
-    assert abs(float(loss) - float(train_loss)) < 1e-6
-    torch.testing.assert_close(metrics["logp"], train_metrics["logp"], atol=2e-6, rtol=0)
+    # different kernels (linear_logp's vocabulary chunks, the loop's row chunks), one truth
+    assert abs(float(loss) - float(train_loss)) < 1e-5
+    torch.testing.assert_close(metrics["logp"], train_metrics["logp"], atol=2e-5, rtol=0)

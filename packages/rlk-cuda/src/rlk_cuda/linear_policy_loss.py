@@ -37,7 +37,7 @@ class CudaChunkOps(loop.ChunkOps):
         self._grads: Tensor | None = None
 
     def chunk_rows(self) -> int:
-        per_row = padded(self.weight.shape[0]) * (4 + self.operand.element_size())
+        per_row = padded(self.vocab) * (4 + self.operand.element_size())
         rows = chunk_bytes() // per_row
         return max(1, rows // _ROW_MULTIPLE * _ROW_MULTIPLE or rows)
 

@@ -74,8 +74,21 @@ class ChunkOps:
         """The weight as the GEMMs read it (rlk.lm_head.gemm_weight), made once."""
         return lm_head.gemm_weight(self.weight)
 
+    @functools.cached_property
+    def shard(self) -> distributed.Layout | None:
+        """Where this rank's vocabulary slice sits (one all_gather), with a group."""
+        if self.group is None:
+            return None
+        return distributed.layout(self.weight.shape[0], self.group, self.hidden.device)
+
+    @property
+    def vocab(self) -> int:
+        """The whole vocabulary: chunks are sized by it, so every rank of a group cuts the
+        same row chunks and runs the same collectives."""
+        return self.weight.shape[0] if self.shard is None else self.shard.total
+
     def chunk_rows(self) -> int:
-        return rows_per_chunk(self.weight.shape[0] + 1, _LIVE)
+        return rows_per_chunk(self.vocab + 1, _LIVE)
 
     def logits(self, start: int, stop: int, pad: bool) -> Tensor:
         """Float32 (capped) logits of rows [start, stop); `pad` adds a -inf column."""
@@ -218,11 +231,10 @@ def _per_token(value: Tensor, shape: torch.Size) -> Tensor:
 def _merged_stats(ops: ChunkOps, logits: Tensor, tokens: Tensor, temperature: Temperature,
                   ignore_index: int) -> tuple[Tensor, Tensor, Tensor]:
     """The chunk's (logp, entropy, lse) over the whole vocabulary (merged across a group)."""
-    group = ops.group
-    if group is None:
+    group, shard = ops.group, ops.shard
+    if group is None or shard is None:
         return ops.stats(logits, tokens, temperature, ignore_index)
     vocab = ops.weight.shape[0]
-    shard = distributed.layout(vocab, group, logits.device)
     codes, owned = distributed.forward_tokens(tokens, shard)
     picked, entropy, lse = ops.stats(logits[:, :vocab], codes, temperature,
                                      distributed.KERNEL_IGNORE)
@@ -233,10 +245,10 @@ def _merged_stats(ops: ChunkOps, logits: Tensor, tokens: Tensor, temperature: Te
 
 
 def _grad_codes(ops: ChunkOps, tokens: Tensor, ignore_index: int) -> tuple[Tensor, int]:
-    if ops.group is None:
+    if ops.shard is None:
         return tokens, ignore_index
-    shard = distributed.layout(ops.weight.shape[0], ops.group, tokens.device)
-    return distributed.backward_tokens(tokens, shard, ignore_index), distributed.KERNEL_IGNORE
+    return (distributed.backward_tokens(tokens, ops.shard, ignore_index),
+            distributed.KERNEL_IGNORE)
 
 
 def run(ops: ChunkOps, tokens: Tensor, temperature: Temperature, ignore_index: int,

@@ -99,7 +99,9 @@ def vllm(session: nox.Session) -> None:
 def build_cuda(session: nox.Session) -> None:
     """Compile rlk-cuda with nvcc (no GPU needed) and run its CPU tests."""
     _install_core(session, "[dev]")
-    session.install("scikit-build-core>=0.10", "nanobind>=2.4")
+    # cuobjdump: tests/test_sass.py compares the float16 kernels' machine code with bfloat16's
+    session.install("scikit-build-core>=0.10", "nanobind>=2.4", "nvidia-cuda-cuobjdump",
+                    "nvidia-cuda-nvdisasm")
     session.install("--no-build-isolation", "--no-deps", "packages/rlk-cuda",
                     env={"RLK_CUDA_ARCHITECTURES": "80;90a"})
     session.run("python", "-m", "pytest", "packages/rlk-cuda/tests", "-q", env=STRICT_ENV)

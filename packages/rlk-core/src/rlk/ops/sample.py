@@ -39,8 +39,7 @@ def _mix64(value: int) -> int:
 def _seeds(seed: int | Tensor | None, lead: tuple[int, ...], device: torch.device) -> Tensor:
     """One int64 seed per row: given, derived from an int seed, or derived from one base drawn
     from torch's generator on the device (so CUDA graphs and torch.compile keep drawing fresh
-    ones). Derived row seeds differ only in their low bits, which backends whose RNG takes one
-    key per launch (FlashInfer) serve in a few launches instead of one per row."""
+    ones)."""
     if isinstance(seed, Tensor):
         validate.tensor("seed", seed, (torch.int64,))
         validate.shape("seed", seed, lead, " (one seed per row of logits)")

@@ -41,4 +41,5 @@ def test_same_kernels_as_rlk_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     for op, entry in cuda.KERNELS.items():
         forward, backward, properties, dtypes = entry
         assert plugin.KERNELS[op] == (_renamed(forward), _renamed(backward), properties, dtypes)
+    assert plugin.CHECKS == cuda.CHECKS
     assert plugin.PRIORITY == cuda.PRIORITY

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rlk import config
+from rlk.ops import temperature as temperatures
 from rlk.ops import validate
 from rlk.ops.spec import register_autograd
 from rlk.ops.temperature import Temperature
@@ -219,7 +220,9 @@ def _sharded_backward_op(grad_logp: Tensor, grad_entropy: Tensor | None, logits:
 
 @_sharded_op.register_fake
 def _(logits, tokens, temperature, temperature_value, ignore_index, group, with_entropy):
-    return tuple(logits.new_empty(logits.shape[0], dtype=torch.float32) for _ in range(3))
+    # the merged lse is float64 as the logp kernels' is (docs/backends/writing-a-backend.md)
+    return (*(logits.new_empty(logits.shape[0], dtype=torch.float32) for _ in range(2)),
+            logits.new_empty(logits.shape[0], dtype=torch.float64))
 
 
 @_sharded_backward_op.register_fake
@@ -264,15 +267,8 @@ def _prepare(logits: Tensor, tokens: Tensor, group: Any, temperature: Temperatur
     validate.same_device("tokens", tokens, logits, "logits")
     validate.integer("ignore_index", ignore_index)
     flat_tokens = tokens.reshape(-1).to(torch.int64)
-    tensor_temp: Tensor | None = None
-    value = 1.0
-    if isinstance(temperature, Tensor):
-        validate.tensor("temperature", temperature, validate.FLOATS)
-        validate.shape("temperature", temperature, lead, " (one per row of logits)")
-        validate.same_device("temperature", temperature, logits, "logits")
-        tensor_temp = temperature.reshape(-1).to(torch.float32)
-    else:
-        value = validate.positive_scalar("temperature", temperature)
+    tensor_temp, value = temperatures.split(temperatures.prepare(temperature, lead, logits,
+                                                                 "logits"))
     if config.checking_inputs():
         total = layout(logits.shape[-1], group, logits.device).total
         check_tokens(flat_tokens, total, ignore_index)

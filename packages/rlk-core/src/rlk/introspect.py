@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -62,7 +63,9 @@ def backends(device: torch.device | str | None = None) -> list[BackendInfo]:
 def explain(op: str, *args: object, **kwargs: object) -> Selection:
     """The selection for `rlk.<op>(*args, **kwargs)` without running it.
 
-    The result has `.backend`, `.kernel` and `.rejected` (backend -> reason).
+    The result has `.backend`, `.kernel`, `.rejected` (backend -> reason) and `.plan`: the
+    path the kernel will take, for kernels whose forward has a `plan(**kernel_args)`
+    attribute (linear_policy_loss: 3 GEMMs or two passes).
     """
     from rlk.ops import specs
 
@@ -73,4 +76,6 @@ def explain(op: str, *args: object, **kwargs: object) -> Selection:
     call = spec.prepare(*args, **kwargs)
     main = call[spec.main_input]
     dispatcher = get_dispatcher()
-    return dispatcher.decide(op, main.device, main.dtype, call, current_policy(dispatcher))
+    selection = dispatcher.decide(op, main.device, main.dtype, call, current_policy(dispatcher))
+    plan = None if selection.kernel is None else getattr(selection.kernel.forward, "plan", None)
+    return selection if plan is None else dataclasses.replace(selection, plan=plan(**call))

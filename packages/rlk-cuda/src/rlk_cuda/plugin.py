@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import rlk
 import torch
-from rlk.registry import Registry
+from rlk.ops.logp import one_token_per_row
+from rlk.registry import Check, Registry
 
 from rlk_cuda import __version__
 from rlk_cuda.probe import probe
@@ -27,13 +28,24 @@ KERNELS: dict[str, tuple[str, str | None, tuple[str, ...], tuple[torch.dtype, ..
         ("batch_invariant",),
         DTYPES,
     ),
+    "entropy": (
+        "rlk_cuda.logp:entropy_forward",
+        "rlk_cuda.logp:entropy_backward",
+        ("batch_invariant",),
+        DTYPES,
+    ),
     "sample": ("rlk_cuda.sample:sample", None, ("batch_invariant",), DTYPES),
     "linear_logp": ("rlk_cuda.linear:forward", "rlk_cuda.linear:backward", (), DTYPES),
     "linear_logp_entropy": ("rlk_cuda.linear:forward", "rlk_cuda.linear:backward", (), DTYPES),
+    "linear_policy_loss": ("rlk_cuda.linear_policy_loss:forward", None, (), DTYPES),
     "group_advantages": ("rlk_cuda.advantages:forward", None, (), FLOAT32),
     "policy_loss": ("rlk_cuda.policy_loss:forward", "rlk_cuda.policy_loss:backward", (),
                     ANY_FLOAT),
 }
+
+
+# op -> the check of calls its kernels decline
+CHECKS: dict[str, Check] = {"logp": one_token_per_row}
 
 
 @rlk.hookimpl
@@ -50,5 +62,6 @@ def rlk_register(registry: Registry) -> None:
             backward=backward,
             devices=("cuda",),
             dtypes=dtypes,
+            check=CHECKS.get(op),
             properties=properties,
         )

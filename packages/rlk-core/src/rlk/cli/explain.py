@@ -47,6 +47,7 @@ def _rewards(shape: list[int], dtype: torch.dtype):
 BUILDERS: dict[str, Builder] = {
     "logp": _logits_tokens,
     "logp_entropy": _logits_tokens,
+    "entropy": lambda shape, dtype: ((torch.empty(shape, dtype=dtype, device=META),), {}),
     "linear_logp": _linear,
     "linear_logp_entropy": _linear,
     "policy_loss": _policy,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from rlk.ops.logits_args import LOGITS_DTYPES
 from rlk.ops.validate import FLOATS
 from rlk.plugins import PLUGIN_API_VERSION, hookimpl
 from rlk.registry import Registry
@@ -29,11 +30,16 @@ def rlk_register(registry: Registry) -> None:
     for op in ("logp", "logp_entropy"):
         registry.add_kernel(op, "native", "rlk.native.logp:forward",
                             backward="rlk.native.logp:backward",
-                            devices=_EVERY_DEVICE, dtypes=FLOATS)
+                            devices=_EVERY_DEVICE, dtypes=LOGITS_DTYPES)
+    registry.add_kernel("entropy", "native", "rlk.native.logp:entropy_forward",
+                        backward="rlk.native.logp:entropy_backward",
+                        devices=_EVERY_DEVICE, dtypes=LOGITS_DTYPES)
     for op in ("linear_logp", "linear_logp_entropy"):
         registry.add_kernel(op, "native", "rlk.native.linear_logp:forward",
                             backward="rlk.native.linear_logp:backward",
                             devices=_EVERY_DEVICE, dtypes=FLOATS)
+    registry.add_kernel("linear_policy_loss", "native", "rlk.native.linear_policy_loss:forward",
+                        devices=_EVERY_DEVICE, dtypes=FLOATS)
     registry.add_kernel("group_advantages", "native", "rlk.native.advantages:forward",
                         devices=_EVERY_DEVICE, dtypes=(torch.float32,))
     registry.add_kernel("policy_loss", "native", "rlk.native.policy_loss:forward",

@@ -10,8 +10,10 @@ if TYPE_CHECKING:
 OP_NAMES = (
     "logp",
     "logp_entropy",
+    "entropy",
     "linear_logp",
     "linear_logp_entropy",
+    "linear_policy_loss",
     "policy_loss",
     "group_advantages",
     "sample",
@@ -20,8 +22,16 @@ OP_NAMES = (
 
 def specs() -> dict[str, OpSpec]:
     """Every op's spec, by name (imports the op modules, which registers the torch ops)."""
-    from rlk.ops import advantages, linear_logp, logp, policy_loss, sample
+    from rlk.ops import (
+        advantages,
+        entropy,
+        linear_logp,
+        linear_policy_loss,
+        logp,
+        policy_loss,
+        sample,
+    )
 
-    modules = (logp, linear_logp, policy_loss, advantages, sample)
+    modules = (logp, entropy, linear_logp, linear_policy_loss, policy_loss, advantages, sample)
     found = {spec.name: spec for module in modules for spec in module.SPECS}
     return found

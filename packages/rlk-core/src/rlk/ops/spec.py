@@ -186,9 +186,10 @@ class _KernelFunction(torch.autograd.Function):
 
 def register_autograd(op: Any, backward: Callable[..., Any],
                       setup_context: Callable[..., None]) -> None:
-    """`op.register_autograd`, with the backward selecting its kernels under the backend
-    policy of the forward: a `use_backends(...)` scope around the forward covers the
-    backward too, even when `.backward()` runs outside it (or on autograd's own thread)."""
+    """`op.register_autograd` (`op` a custom_op, or the qualified name of a defined one), with
+    the backward selecting its kernels under the backend policy of the forward: a
+    `use_backends(...)` scope around the forward covers the backward too, even when
+    `.backward()` runs outside it (or on autograd's own thread)."""
 
     def setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         ctx.rlk_policy = captured_policy()
@@ -198,4 +199,7 @@ def register_autograd(op: Any, backward: Callable[..., Any],
         with scoped_policy(ctx.rlk_policy):
             return backward(ctx, *grads)
 
-    op.register_autograd(grad, setup_context=setup)
+    if isinstance(op, str):
+        torch.library.register_autograd(op, grad, setup_context=setup)
+    else:
+        op.register_autograd(grad, setup_context=setup)

@@ -15,7 +15,9 @@ from rlk.hookspec import hookimpl
 from rlk.introspect import BackendInfo, backends, explain
 from rlk.ops.advantages import group_advantages
 from rlk.ops.advantages_options import GroupAdvantagesOptions
+from rlk.ops.entropy import entropy
 from rlk.ops.linear_logp import linear_logp, linear_logp_entropy
+from rlk.ops.linear_policy_loss import linear_policy_loss
 from rlk.ops.logp import logp, logp_entropy
 from rlk.ops.policy_loss import policy_loss
 from rlk.ops.policy_loss_options import PolicyLossOptions
@@ -35,11 +37,13 @@ __all__ = [
     "backends",
     "check_inputs",
     "distributed",
+    "entropy",
     "explain",
     "group_advantages",
     "hookimpl",
     "linear_logp",
     "linear_logp_entropy",
+    "linear_policy_loss",
     "logp",
     "logp_entropy",
     "policy_loss",

@@ -45,10 +45,17 @@ What happens to it:
 
 from __future__ import annotations
 
-from rlk import shards
+from collections.abc import Mapping
+from typing import Any
+
+from rlk import lm_head, shards
 from rlk.errors import KernelError
 from rlk.hookspec import API_VERSION, HookSpecs, hookimpl
+from rlk.native import linear_policy_loss as linear_policy_loop
+from rlk.ops import specs
 from rlk.ops.advantages_options import BASELINES, NORMALIZATIONS, GroupAdvantagesOptions
+from rlk.ops.contract import BoundKernel
+from rlk.ops.logp import one_token_per_row
 from rlk.ops.policy_loss_options import (
     AGGREGATIONS,
     KL_ESTIMATORS,
@@ -77,6 +84,13 @@ rlk_register = HookSpecs.rlk_register
 # drawn_logp    the `logp` output of a `sample` kernel whose backend has no `logp` kernel.
 # shards        vocabulary-parallel shard math: Layout, layout, forward_tokens,
 #               backward_tokens, merge, padded, KERNEL_IGNORE, KERNEL_BAD.
+# lm_head       the LM head's logits as every linear op defines them (float32 logits from
+#               the inputs' dtype, soft-capping, the kernels' temperature).
+# linear_policy_loop   the three-GEMM loop of linear_policy_loss (ChunkOps, LossGrads, run,
+#               choose_path, describe): a backend subclasses ChunkOps with its own kernels.
+# selected_kernel      the kernel rlk selects for another op (see below).
+# one_token_per_row    a `check` for logp kernels that gather one token per row (it declines
+#               [M, K] tokens, which fall back to a backend that gathers K).
 # KernelError   what rlk raises when a kernel returns what its op's contract does not allow.
 
 # --- op options (what policy_loss and group_advantages kernels receive as `options`) ---------
@@ -86,6 +100,15 @@ rlk_register = HookSpecs.rlk_register
 # METRICS                 the metrics a policy_loss forward returns, in order.
 # GroupAdvantagesOptions  every group_advantages setting, validated.
 # NORMALIZATIONS, BASELINES   the values of its normalize and baseline.
+
+
+
+def selected_kernel(op: str, args: Mapping[str, Any]) -> BoundKernel:
+    """The kernel rlk selects for `op` and these kernel-level arguments, under the caller's
+    backend policy, for a kernel that runs another op's kernels (a three-GEMM loop calling
+    the selected policy_loss kernel); declare that op in `add_kernel(..., uses=...)`."""
+    return specs()[op].kernel(args)
+
 
 __all__ = [
     "AGGREGATIONS",
@@ -106,6 +129,10 @@ __all__ = [
     "Temperature",
     "drawn_logp",
     "hookimpl",
+    "linear_policy_loop",
+    "lm_head",
+    "one_token_per_row",
     "rlk_register",
+    "selected_kernel",
     "shards",
 ]

@@ -51,6 +51,7 @@ class Selection:
     backend: str | None
     kernel: Kernel | None
     rejected: Mapping[str, str] = field(default_factory=dict)
+    plan: str | None = None  # how the kernel will run the call, when it says (`explain`)
 
     @property
     def kernel_name(self) -> str | None:

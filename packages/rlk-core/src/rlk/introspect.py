@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -73,11 +74,16 @@ def backend_records(dispatcher: Dispatcher, target: torch.device) -> list[Backen
 def explain(op: str, *args: object, **kwargs: object) -> Selection:
     """The selection for `rlk.<op>(*args, **kwargs)` without running it.
 
-    The result has `.backend`, `.kernel_name`, `.rejected` (backend -> reason) and
-    `.uses` (ops the chosen kernel dispatches itself: explain those for their backend).
+    The result has `.backend`, `.kernel_name`, `.rejected` (backend -> reason), `.uses`
+    (ops the chosen kernel dispatches itself: explain those for their backend) and `.plan`:
+    the path the kernel will take, for kernels whose forward has a `plan(**kernel_args)`
+    attribute (linear_policy_loss: 3 GEMMs or two passes).
     """
     known = specs()
     if op not in known:
         raise ValueError(f"unknown op {op!r}; rlk defines {sorted(known)}")
     spec = known[op]
-    return spec.select(spec.prepare(*args, **kwargs))
+    call = spec.prepare(*args, **kwargs)
+    selection = spec.select(call)
+    plan = None if selection.kernel is None else getattr(selection.kernel.forward, "plan", None)
+    return selection if plan is None else dataclasses.replace(selection, plan=plan(**call))

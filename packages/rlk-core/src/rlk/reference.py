@@ -22,9 +22,10 @@ def logp_entropy(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log softmax(logits / T) at `tokens`, and the entropy of softmax(logits / T), in float64.
 
-    Leading dimensions of `logits` match `tokens`; a per-row temperature has the
-    same shape as `tokens`. ignore_index gives 0 for both; an out-of-range token
-    gives NaN logp; non-finite rows give NaN.
+    `tokens` has the leading shape of `logits` (one token per row) or that shape plus K
+    (K tokens per row, logp `[..., K]`); a per-row temperature has the leading shape.
+    An ignored token (ignore_index) gives logp 0, and a row whose tokens are all ignored
+    gives entropy 0; an out-of-range token gives NaN logp; non-finite rows give NaN.
     """
     x = logits.to(torch.float64)
     if isinstance(temperature, torch.Tensor):
@@ -38,14 +39,31 @@ def logp_entropy(
     # p log p is 0 where p is 0; masking log p (not the product) keeps gradients finite
     entropy = -(probs * torch.where(probs > 0, log_probs, 0.0)).sum(dim=-1)
     tokens = tokens.detach().to(torch.int64)
-    valid = (tokens >= 0) & (tokens < vocab)
-    picked = log_probs.gather(-1, tokens.clamp(0, max(vocab - 1, 0)).unsqueeze(-1)).squeeze(-1)
-    logp = torch.where(valid, picked, torch.nan)
+    per_row = tokens.dim() == x.dim()
+    columns = tokens if per_row else tokens.unsqueeze(-1)
+    valid = (columns >= 0) & (columns < vocab)
+    picked = log_probs.gather(-1, columns.clamp(0, max(vocab - 1, 0)))
     finite = torch.isfinite(lse)
-    logp = torch.where(finite, logp, torch.nan)
+    logp = torch.where(valid & finite.unsqueeze(-1), picked, torch.nan)
     entropy = torch.where(finite, entropy, torch.nan)
-    ignored = tokens == ignore_index
-    return logp.masked_fill(ignored, 0.0), entropy.masked_fill(ignored, 0.0)
+    ignored = columns == ignore_index
+    logp = logp.masked_fill(ignored, 0.0)
+    entropy = entropy.masked_fill(ignored.all(dim=-1), 0.0)
+    return (logp if per_row else logp.squeeze(-1)), entropy
+
+
+def entropy(
+    logits: torch.Tensor,
+    *,
+    temperature: float | torch.Tensor = 1.0,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The float64 entropy of softmax(logits / T) per row; 0 where `mask` is False."""
+    lead = logits.shape[:-1]
+    tokens = torch.zeros(lead, dtype=torch.int64, device=logits.device)
+    if mask is not None:
+        tokens = tokens.masked_fill(~mask.to(torch.bool), -1)
+    return logp_entropy(logits, tokens, temperature=temperature, ignore_index=-1)[1]
 
 
 def logp_entropy_grad(
@@ -70,6 +88,26 @@ def logp_entropy_grad(
     return grad
 
 
+def lm_head_logits(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    softcap: float | None = None,
+    logit_scale: float = 1.0,
+) -> torch.Tensor:
+    """Float64 logits of an LM head: softcap * tanh(logit_scale * (hidden @ weight.T + bias)
+    / softcap), the scale first (Cohere's logit_scale), then the soft cap (Gemma's
+    final_logit_softcapping), as TRL's ChunkedLogProbFunction applies them."""
+    logits = hidden.to(torch.float64) @ weight.to(torch.float64).t()
+    if bias is not None:
+        logits = logits + bias.to(torch.float64)
+    logits = logits * logit_scale
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    return logits
+
+
 def linear_logp_entropy(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -78,11 +116,11 @@ def linear_logp_entropy(
     bias: torch.Tensor | None = None,
     temperature: float | torch.Tensor = 1.0,
     ignore_index: int = -100,
+    softcap: float | None = None,
+    logit_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`logp_entropy` of the float64 logits hidden @ weight.T + bias."""
-    logits = hidden.to(torch.float64) @ weight.to(torch.float64).t()
-    if bias is not None:
-        logits = logits + bias.to(torch.float64)
+    """`logp_entropy` of the float64 `lm_head_logits`."""
+    logits = lm_head_logits(hidden, weight, bias=bias, softcap=softcap, logit_scale=logit_scale)
     return logp_entropy(logits, tokens, temperature=temperature, ignore_index=ignore_index)
 
 
@@ -96,6 +134,8 @@ def linear_logp_entropy_grad(
     bias: torch.Tensor | None = None,
     temperature: float | torch.Tensor = 1.0,
     ignore_index: int = -100,
+    softcap: float | None = None,
+    logit_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Float64 gradients of sum(grad_logp * logp + grad_entropy * entropy) w.r.t.
     (hidden, weight, bias); the bias gradient is None without a bias."""
@@ -103,7 +143,8 @@ def linear_logp_entropy_grad(
                           for t in (hidden, weight))
     bias64 = None if bias is None else bias.detach().to(torch.float64).requires_grad_(True)
     logp, entropy = linear_logp_entropy(hidden64, weight64, tokens, bias=bias64,
-                                        temperature=temperature, ignore_index=ignore_index)
+                                        temperature=temperature, ignore_index=ignore_index,
+                                        softcap=softcap, logit_scale=logit_scale)
     total = (logp * grad_logp.to(torch.float64)).sum()
     if grad_entropy is not None:
         total = total + (entropy * grad_entropy.to(torch.float64)).sum()
@@ -111,6 +152,65 @@ def linear_logp_entropy_grad(
     grads = torch.autograd.grad(total, inputs, allow_unused=True)
     zero = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs, strict=True)]
     return zero[0], zero[1], (zero[2] if bias64 is not None else None)
+
+
+def linear_policy_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    tokens: torch.Tensor,
+    *,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    ref_logp: torch.Tensor | None = None,
+    rollout_logp: torch.Tensor | None = None,
+    importance_weights: torch.Tensor | None = None,
+    options: PolicyLossOptions | None = None,
+    bias: torch.Tensor | None = None,
+    temperature: float | torch.Tensor = 1.0,
+    ignore_index: int = -100,
+    softcap: float | None = None,
+    logit_scale: float = 1.0,
+    entropy_coef: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Float64 (loss, metrics, logp) of `policy_loss` on the LM head's log-probabilities.
+
+    hidden [N, H], tokens [N] and a per-row temperature [N]; old_logp, mask [B, T] with
+    B * T = N. Positions whose token is ignore_index count as masked. The loss is
+    policy_loss's minus entropy_coef times the entropy aggregated as policy_loss aggregates
+    its terms; metrics are policy_loss's, then the entropy's mean over the mask; logp is 0
+    at masked positions.
+    """
+    o = options if options is not None else PolicyLossOptions()
+    shape = old_logp.shape
+    keep = (mask != 0) & (tokens.view(shape) != ignore_index)
+    kept_tokens = torch.where(keep.reshape(-1), tokens, ignore_index)
+    logp, entropy = linear_logp_entropy(hidden, weight, kept_tokens, bias=bias,
+                                        temperature=temperature, ignore_index=ignore_index,
+                                        softcap=softcap, logit_scale=logit_scale)
+    logp2, entropy2 = logp.view(shape), entropy.view(shape)
+    loss, metrics = policy_loss(logp2, old_logp, advantages, keep, ref_logp=ref_logp,
+                                rollout_logp=rollout_logp,
+                                importance_weights=importance_weights, options=o)
+    if entropy_coef != 0.0:
+        loss = loss - entropy_coef * _aggregate(entropy2, keep, o)
+    entropy_mean = entropy2.detach()[keep].sum() / max(int(keep.sum()), 1)
+    return loss, torch.cat([metrics, entropy_mean.reshape(1)]), logp
+
+
+def _aggregate(values: torch.Tensor, keep: torch.Tensor, o: PolicyLossOptions) -> torch.Tensor:
+    """`values` [B, T] aggregated over the kept positions by the options' agg, divisor,
+    count_empty_rows and scale (docs/ops/policy_loss.md), one sequence at a time."""
+    counts = [int(row.sum()) for row in keep]
+    row_sums = [values[i][keep[i]].sum() for i in range(len(counts))]
+    if o.agg == "seq-mean-token-mean":
+        row_sums = [total / max(count, 1) for total, count in zip(row_sums, counts, strict=True)]
+    total = sum(row_sums, values.sum() * 0.0)
+    rows = len(counts) if o.count_empty_rows else sum(count > 0 for count in counts)
+    natural = {"token-mean": sum(counts), "token-sum": 1, "seq-mean-token-mean": rows,
+               "seq-mean-token-sum": rows, "seq-mean-token-sum-norm": rows * values.shape[1]}
+    divisor = o.divisor if o.divisor is not None else max(natural[o.agg], 1)
+    return o.scale * total / divisor
 
 
 def group_advantages(

@@ -7,7 +7,7 @@ rlk-cuda and rlk-rocm install this same module: the backend is named by the pack
 from __future__ import annotations
 
 import torch
-from rlk.backend import Registry, hookimpl
+from rlk.backend import Check, Registry, hookimpl, one_token_per_row
 
 from . import BACKEND, __version__
 from .probe import probe
@@ -25,12 +25,18 @@ BATCH_INVARIANT = ("batch_invariant",)
 KERNELS: dict[str, tuple[str, str | None, tuple[str, ...], tuple[torch.dtype, ...]]] = {
     "logp": ("logp:forward", "logp:backward", BATCH_INVARIANT, DTYPES),
     "logp_entropy": ("logp:forward", "logp:backward", BATCH_INVARIANT, DTYPES),
+    "entropy": ("logp:entropy_forward", "logp:entropy_backward", BATCH_INVARIANT, DTYPES),
     "sample": ("sample:sample", None, BATCH_INVARIANT, DTYPES),
     "linear_logp": ("linear:forward", "linear:backward", (), DTYPES),
     "linear_logp_entropy": ("linear:forward", "linear:backward", (), DTYPES),
+    "linear_policy_loss": ("linear_policy_loss:forward", None, (), DTYPES),
     "group_advantages": ("advantages:forward", None, (), FLOAT32),
     "policy_loss": ("policy_loss:forward", "policy_loss:backward", (), ANY_FLOAT),
 }
+
+
+# op -> the check of calls its kernels decline
+CHECKS: dict[str, Check] = {"logp": one_token_per_row}
 
 
 def target(name: str) -> str:
@@ -52,5 +58,6 @@ def rlk_register(registry: Registry) -> None:
             backward=None if backward is None else target(backward),
             devices=("cuda",),
             dtypes=dtypes,
+            check=CHECKS.get(op),
             properties=properties,
         )

@@ -18,8 +18,10 @@ if TYPE_CHECKING:
 SPECS = {
     "logp": "rlk.ops.logp:LOGP",
     "logp_entropy": "rlk.ops.logp:LOGP_ENTROPY",
+    "entropy": "rlk.ops.entropy:ENTROPY",
     "linear_logp": "rlk.ops.linear_logp:LINEAR_LOGP",
     "linear_logp_entropy": "rlk.ops.linear_logp:LINEAR_LOGP_ENTROPY",
+    "linear_policy_loss": "rlk.ops.linear_policy_loss:LINEAR_POLICY_LOSS",
     "policy_loss": "rlk.ops.policy_loss:POLICY_LOSS",
     "group_advantages": "rlk.ops.advantages:GROUP_ADVANTAGES",
     "sample": "rlk.ops.sample:SAMPLE",

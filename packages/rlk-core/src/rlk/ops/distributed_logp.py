@@ -48,7 +48,6 @@ def _prepare(logits: Tensor, tokens: Tensor, group: Any, temperature: Temperatur
     if config.checking_inputs():
         shards.check_tokens(flat_tokens, shards.layout(logits.shape[-1], group,
                                                        logits.device).total, ignore_index)
-        temperatures.check_range(temp)
     args = {"logits": logits.reshape(-1, logits.shape[-1]), "tokens": flat_tokens,
             "temperature": temp, "ignore_index": ignore_index, "group": group,
             "with_entropy": with_entropy}
@@ -99,7 +98,9 @@ def _distributed_backward_op(grad_logp: Tensor, grad_entropy: Tensor | None, log
 
 @_distributed_op.register_fake
 def _(logits, tokens, temperature, temperature_value, ignore_index, group, with_entropy):
-    return tuple(logits.new_empty(logits.shape[0], dtype=torch.float32) for _ in range(3))
+    rows = logits.shape[0]  # logp and entropy (zeros without it) in float32, lse in float64
+    return (*(logits.new_empty(rows, dtype=torch.float32) for _ in range(2)),
+            logits.new_empty(rows, dtype=torch.float64))
 
 
 @_distributed_backward_op.register_fake
@@ -272,7 +273,9 @@ def _batch_slice(args: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
 def _output_meta(logits: Tensor, tokens: Tensor, temperature: Temperature, ignore_index: int,
                  group: Any, with_entropy: bool) -> tuple[Out | None, ...]:
     row = Out((logits.shape[0],), torch.float32, logits.device)
-    return row, (row if with_entropy else None), row
+    # the merged lse is float64, as the logp kernels' is
+    return row, (row if with_entropy else None), Out((logits.shape[0],), torch.float64,
+                                                     logits.device)
 
 
 def _grad_meta(grad_logp: Tensor, grad_entropy: Tensor | None, logits: Tensor,

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from rlk import reference
+from rlk.ops import temperature as temperatures
 from rlk.ops import validate
 from rlk.ops.contract import Out
 from rlk.ops.spec import NativeKernel, OpSpec, Sample, Tolerance
@@ -25,12 +26,6 @@ class Sampled(NamedTuple):
     tokens: Tensor
     logp: Tensor
     processed_logp: Tensor
-
-
-def _real(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    return float(value)
 
 
 def _mix64(value: int) -> int:
@@ -68,16 +63,14 @@ def _prepare(logits: Tensor, temperature: float, top_k: int, top_p: float, min_p
     validate.tensor("logits", logits, validate.FLOATS)
     if logits.dim() < 1 or logits.shape[-1] < 1:
         raise ValueError(f"logits must be [..., V] with V >= 1; got shape {tuple(logits.shape)}")
-    temp = _real("temperature", temperature)
-    if not 0.0 <= temp < math.inf:
-        raise ValueError(f"temperature must be finite and >= 0 (0 = greedy); got {temperature}")
+    temp = temperatures.scalar("temperature", temperature, allow_zero=True)
     k = validate.integer("top_k", top_k)
     if k < 0:
         raise ValueError(f"top_k must be >= 0 (0 = off); got {top_k}")
-    p = _real("top_p", top_p)
+    p = validate.real("top_p", top_p)
     if not 0.0 < p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1] (1 = off); got {top_p}")
-    floor = _real("min_p", min_p)
+    floor = validate.real("min_p", min_p)
     if not 0.0 <= floor < 1.0:
         raise ValueError(f"min_p must be in [0, 1) (0 = off); got {min_p}")
     lead = tuple(logits.shape[:-1])
@@ -166,6 +159,8 @@ def _samples(device: torch.device, dtype: torch.dtype) -> Iterator[Sample]:
     yield case("greedy", temperature=0.0)
     yield case("greedy-ignores-filters", temperature=0.0, top_k=3, top_p=0.5)
     yield case("temperature", temperature=0.6)
+    # the smallest temperature: greedy in effect, and logits / T must not overflow
+    yield case("tiny-temperature", temperature=temperatures.MIN_TEMPERATURE)
     yield case("top-k", top_k=5)
     yield case("top-k-one", top_k=1, temperature=1.3)
     yield case("top-k-above-vocab", top_k=80)

@@ -134,6 +134,13 @@ class OpSpec:
     def differentiable(self) -> bool:
         return self.grad_check is not None
 
+    @property
+    def backward_kernel(self) -> bool:
+        """Whether the op's backward runs a kernel's backward (it does not for an op whose
+        forward returns its gradients, as linear_policy_loss's does)."""
+        return (self.grad_check is not None and self.native is not None
+                and self.native.backward is not None)
+
     def kernel(self, args: Mapping[str, Any]) -> BoundKernel:
         """The selected backend's kernel for these kernel-level arguments."""
         main = args[self.main_input]
@@ -159,7 +166,7 @@ class OpSpec:
         torch.compile tensors do not carry requires_grad, so there a kernel without a
         backward can be chosen and fails, naming the way around, at `.backward()`.
         """
-        if self.grad_check is None:
+        if not self.backward_kernel:
             return False
         for value in args.values():  # noqa: SIM110 - a loop: any(...) costs 3x on every call
             if isinstance(value, Tensor) and value.requires_grad:
@@ -249,9 +256,10 @@ class _KernelFunction(torch.autograd.Function):
 
 def register_autograd(op: Any, backward: Callable[..., Any],
                       setup_context: Callable[..., None]) -> None:
-    """`op.register_autograd`, with the backward selecting its kernels under the backend
-    policy of the forward: a `use_backends(...)` scope around the forward covers the
-    backward too, even when `.backward()` runs outside it (or on autograd's own thread)."""
+    """`op.register_autograd` (`op` a custom_op, or the qualified name of a defined one), with
+    the backward selecting its kernels under the backend policy of the forward: a
+    `use_backends(...)` scope around the forward covers the backward too, even when
+    `.backward()` runs outside it (or on autograd's own thread)."""
 
     def setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         ctx.rlk_policy = captured_policy()
@@ -261,4 +269,7 @@ def register_autograd(op: Any, backward: Callable[..., Any],
         with scoped_policy(ctx.rlk_policy):
             return backward(ctx, *grads)
 
-    op.register_autograd(grad, setup_context=setup)
+    if isinstance(op, str):
+        torch.library.register_autograd(op, grad, setup_context=setup)
+    else:
+        op.register_autograd(grad, setup_context=setup)

@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from rlk import lm_head
-from rlk.native import linear_policy_loss as loop
+from rlk.backend import linear_policy_loop as loop
+from rlk.backend import lm_head, selected_kernel
 from torch import Tensor
 
-from rlk_cuda import logp as logp_kernels
-from rlk_cuda._launch import device_of
-from rlk_cuda.linear import chunk_bytes, padded, rows_view, soft_cap
+from . import logp as logp_kernels
+from ._launch import device_of
+from .linear import chunk_bytes, padded, rows_view, soft_cap
 
 Temperature = float | Tensor
 _ROW_MULTIPLE = 128  # rows per chunk inside sequences: whole GEMM tiles
@@ -88,9 +88,7 @@ class CudaChunkOps(loop.ChunkOps):
 
     def loss_grads(self, policy: Mapping[str, Any], entropy_coef: float) -> loop.LossGrads:
         """The selected policy_loss kernel over the whole batch: two launches a chunk."""
-        from rlk.ops.policy_loss import POLICY_LOSS
-
-        kernel = POLICY_LOSS.kernel(dict(policy, logp=policy["old_logp"]))
+        kernel = selected_kernel("policy_loss", dict(policy, logp=policy["old_logp"]))
         return loop.LossGrads(policy, entropy_coef, kernel=kernel, whole_batch=True)
 
     def hidden_grad(self, grad: Tensor, out: Tensor) -> None:

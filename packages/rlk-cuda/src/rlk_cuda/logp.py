@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlk_cuda import _ext, logp_path
-from rlk_cuda._launch import device_of, dtype_code, f32_empty, ptr, rows_major, same_device, stream
+from . import _ext, logp_path
+from ._launch import device_of, dtype_code, f32_empty, ptr, rows_major, same_device, stream
 
 Temperature = float | Tensor
 
@@ -37,7 +37,7 @@ def launch_forward(
     """Run the forward kernel into caller-provided outputs (None skips an output): float32,
     but the float64 lse. `tokens` None computes statistics only (no row is skipped).
 
-    RLK_CUDA_LOGP_FORWARD picks the kernel (rlk_cuda.logp_path); the sampler's statistics pass
+    RLK_CUDA_LOGP_FORWARD picks the kernel (logp_path); the sampler's statistics pass
     comes through here too, so its logp keeps matching this forward bit for bit.
     """
     device = device_of("logits", logits)

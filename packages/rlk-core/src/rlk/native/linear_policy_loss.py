@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rlk import distributed, lm_head
+from rlk import lm_head, shards
 from rlk.native import policy_loss as policy_losses
 from rlk.native.chunks import rows_per_chunk
 from rlk.native.policy_loss import aggregation_weights, token_loss_and_grad
@@ -75,11 +75,11 @@ class ChunkOps:
         return lm_head.gemm_weight(self.weight)
 
     @functools.cached_property
-    def shard(self) -> distributed.Layout | None:
+    def shard(self) -> shards.Layout | None:
         """Where this rank's vocabulary slice sits (one all_gather), with a group."""
         if self.group is None:
             return None
-        return distributed.layout(self.weight.shape[0], self.group, self.hidden.device)
+        return shards.layout(self.weight.shape[0], self.group, self.hidden.device)
 
     @property
     def vocab(self) -> int:
@@ -235,10 +235,10 @@ def _merged_stats(ops: ChunkOps, logits: Tensor, tokens: Tensor, temperature: Te
     if group is None or shard is None:
         return ops.stats(logits, tokens, temperature, ignore_index)
     vocab = ops.weight.shape[0]
-    codes, owned = distributed.forward_tokens(tokens, shard)
+    codes, owned = shards.forward_tokens(tokens, shard)
     picked, entropy, lse = ops.stats(logits[:, :vocab], codes, temperature,
-                                     distributed.KERNEL_IGNORE)
-    logp, merged, total = distributed.merge(lse, entropy, picked, owned, tokens, shard,
+                                     shards.KERNEL_IGNORE)
+    logp, merged, total = shards.merge(lse, entropy, picked, owned, tokens, shard,
                                             ignore_index, group)
     assert merged is not None
     return logp, merged, total
@@ -247,8 +247,8 @@ def _merged_stats(ops: ChunkOps, logits: Tensor, tokens: Tensor, temperature: Te
 def _grad_codes(ops: ChunkOps, tokens: Tensor, ignore_index: int) -> tuple[Tensor, int]:
     if ops.shard is None:
         return tokens, ignore_index
-    return (distributed.backward_tokens(tokens, ops.shard, ignore_index),
-            distributed.KERNEL_IGNORE)
+    return (shards.backward_tokens(tokens, ops.shard, ignore_index),
+            shards.KERNEL_IGNORE)
 
 
 def run(ops: ChunkOps, tokens: Tensor, temperature: Temperature, ignore_index: int,

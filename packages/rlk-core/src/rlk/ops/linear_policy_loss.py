@@ -16,14 +16,22 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlk import config, distributed, reference
+from rlk import config, reference, shards
 from rlk.ops import head, validate
 from rlk.ops import policy_loss as policy_losses
 from rlk.ops import temperature as temperatures
+from rlk.ops.contract import BoundKernel, Out
 from rlk.ops.policy_loss_options import METRICS, PolicyLossOptions
-from rlk.ops.spec import GradCase, OpSpec, Sample, Tolerance, _traced, register_autograd
+from rlk.ops.spec import (
+    GradCase,
+    NativeKernel,
+    OpSpec,
+    Sample,
+    Tolerance,
+    _traced,
+    register_autograd,
+)
 from rlk.ops.temperature import Temperature
-from rlk.registry import Kernel
 
 ENTROPY_METRIC = "entropy"
 
@@ -76,7 +84,7 @@ def _prepare(hidden: Tensor, weight: Tensor, tokens: Tensor, old_logp: Tensor,
     validate.same_device("old_logp", old_logp, hidden, "hidden")
     validate.integer("ignore_index", ignore_index)
     coef = validate.positive_scalar("entropy_coef", entropy_coef, allow_zero=True)
-    distributed.group_name(group)
+    shards.group_name(group)
     flat = tokens.reshape(-1).to(torch.int64)
     policy = _policy(old_logp, advantages, mask, flat, ignore_index, options)
     # masked positions are ignored rows: logp 0, no gradient, garbage tokens harmless
@@ -84,8 +92,8 @@ def _prepare(hidden: Tensor, weight: Tensor, tokens: Tensor, old_logp: Tensor,
     if config.checking_inputs():
         total = weight.shape[0]
         if group is not None:
-            total = distributed.layout(weight.shape[0], group, weight.device).total
-        distributed.check_tokens(kernel_tokens, total, ignore_index)
+            total = shards.layout(weight.shape[0], group, weight.device).total
+        shards.check_tokens(kernel_tokens, total, ignore_index)
     return {
         "hidden": prepared.hidden,
         "weight": prepared.weight,
@@ -167,7 +175,7 @@ def _kernel_args(values: tuple[Any, ...]) -> dict[str, Any]:
         "bias": own["bias"],
         "temperature": temperatures.join(own["temperature"], own["temperature_value"]),
         "ignore_index": own["ignore_index"],
-        "group": distributed.resolve(own["group"]),
+        "group": shards.resolve_group(own["group"]),
         "softcap": own["softcap"],
         "entropy_coef": own["entropy_coef"],
         "policy": policy,
@@ -225,7 +233,7 @@ def _op_args(args: Mapping[str, Any]) -> tuple[Any, ...]:
     temp, value = temperatures.split(args["temperature"])
     policy = args["policy"]
     return (args["hidden"], args["weight"], args["tokens"], args["bias"], temp, value,
-            args["ignore_index"], distributed.group_name(args["group"]), args["softcap"],
+            args["ignore_index"], shards.group_name(args["group"]), args["softcap"],
             args["entropy_coef"], *args["needs_input_grad"],
             *(policy[name] for name in POLICY_TENSORS), *policy["options"].flat())
 
@@ -402,7 +410,8 @@ def _outputs(result: Any, args: Mapping[str, Any]) -> tuple[Tensor, ...]:
     return tuple(result[:3])
 
 
-def _grad_check(kernel: Kernel, args: dict[str, Any], gen: torch.Generator) -> Iterator[GradCase]:
+def _grad_check(kernel: BoundKernel, args: dict[str, Any],
+                gen: torch.Generator) -> Iterator[GradCase]:
     """The gradients the kernel's forward returns against float64 autograd of the loss.
 
     Ignored rows contribute nothing (their hidden state may be NaN): the reference sees
@@ -430,6 +439,30 @@ def _opcheck_case(args: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
     return torch.ops.rlk.linear_policy_loss.default, _op_args(call)
 
 
+def _output_meta(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
+                 needs_input_grad: tuple[bool, bool, bool], **_: Any) -> tuple[Out | None, ...]:
+    """(loss, metrics, logp) in float32, then each gradient asked for in its input's dtype
+    (an empty tensor of hidden's dtype for one not asked for)."""
+    device = hidden.device
+    empty = Out((0,), hidden.dtype, device)
+    grads = tuple(Out(tuple(value.shape), value.dtype, device) if need and value is not None
+                  else empty
+                  for value, need in zip((hidden, weight, bias), needs_input_grad, strict=True))
+    return (Out((), torch.float32, device), Out((len(METRIC_NAMES),), torch.float32, device),
+            Out((hidden.shape[0],), torch.float32, device), *grads)
+
+
+def _shape_call(shape: Any, dtype: torch.dtype) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if len(shape) != 4:
+        raise ValueError(f"takes --shape B,T,H,V; got {shape}")
+    b, t, h, v = shape
+    hidden = torch.empty(b, t, h, dtype=dtype, device="meta")
+    weight = torch.empty(v, h, dtype=dtype, device="meta")
+    logp = torch.empty(b, t, device="meta")
+    return (hidden, weight, torch.empty(b, t, dtype=torch.int64, device="meta"), logp,
+            torch.empty(b, device="meta"), logp), {}
+
+
 # The logits are float32 whatever the inputs' dtype: the loss and logp are as close to float64
 # as policy_loss on exact log-probabilities; the gradients are rounded to the inputs' dtype
 # (the logits gradient once before the GEMMs, the results once).
@@ -454,5 +487,8 @@ LINEAR_POLICY_LOSS = OpSpec(
     grad_check=_grad_check,
     grad_tolerances=_GRAD_TOLERANCES,
     doc="policy_loss of linear_logp's log-probabilities (and an entropy bonus) in three GEMMs",
+    native=NativeKernel("rlk.native.linear_policy_loss:forward", uses=("logp_entropy",)),
+    output_meta=_output_meta,
+    shape_call=_shape_call,
+    shape_help="B,T,H,V",
 )
-SPECS = (LINEAR_POLICY_LOSS,)

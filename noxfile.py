@@ -31,7 +31,6 @@ def _install_core(session: nox.Session, extras: str = "") -> None:
 def main(session: nox.Session) -> None:
     """The main job: the GRPO example on CPU (it must learn), then the doctor."""
     _install_core(session)
-    session.install("numpy")  # torch warns at start-up without it
     session.run("python", "examples/grpo_single_gpu.py", "--device", "cpu", "--log-every", "20",
                 *session.posargs)
     session.run("rlk-core", "doctor")

@@ -88,6 +88,26 @@ def logp_entropy_grad(
     return grad
 
 
+def lm_head_logits(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    softcap: float | None = None,
+    logit_scale: float = 1.0,
+) -> torch.Tensor:
+    """Float64 logits of an LM head: softcap * tanh(logit_scale * (hidden @ weight.T + bias)
+    / softcap), the scale first (Cohere's logit_scale), then the soft cap (Gemma's
+    final_logit_softcapping), as TRL's ChunkedLogProbFunction applies them."""
+    logits = hidden.to(torch.float64) @ weight.to(torch.float64).t()
+    if bias is not None:
+        logits = logits + bias.to(torch.float64)
+    logits = logits * logit_scale
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    return logits
+
+
 def linear_logp_entropy(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -96,11 +116,11 @@ def linear_logp_entropy(
     bias: torch.Tensor | None = None,
     temperature: float | torch.Tensor = 1.0,
     ignore_index: int = -100,
+    softcap: float | None = None,
+    logit_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`logp_entropy` of the float64 logits hidden @ weight.T + bias."""
-    logits = hidden.to(torch.float64) @ weight.to(torch.float64).t()
-    if bias is not None:
-        logits = logits + bias.to(torch.float64)
+    """`logp_entropy` of the float64 `lm_head_logits`."""
+    logits = lm_head_logits(hidden, weight, bias=bias, softcap=softcap, logit_scale=logit_scale)
     return logp_entropy(logits, tokens, temperature=temperature, ignore_index=ignore_index)
 
 
@@ -114,6 +134,8 @@ def linear_logp_entropy_grad(
     bias: torch.Tensor | None = None,
     temperature: float | torch.Tensor = 1.0,
     ignore_index: int = -100,
+    softcap: float | None = None,
+    logit_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Float64 gradients of sum(grad_logp * logp + grad_entropy * entropy) w.r.t.
     (hidden, weight, bias); the bias gradient is None without a bias."""
@@ -121,7 +143,8 @@ def linear_logp_entropy_grad(
                           for t in (hidden, weight))
     bias64 = None if bias is None else bias.detach().to(torch.float64).requires_grad_(True)
     logp, entropy = linear_logp_entropy(hidden64, weight64, tokens, bias=bias64,
-                                        temperature=temperature, ignore_index=ignore_index)
+                                        temperature=temperature, ignore_index=ignore_index,
+                                        softcap=softcap, logit_scale=logit_scale)
     total = (logp * grad_logp.to(torch.float64)).sum()
     if grad_entropy is not None:
         total = total + (entropy * grad_entropy.to(torch.float64)).sum()
@@ -129,6 +152,65 @@ def linear_logp_entropy_grad(
     grads = torch.autograd.grad(total, inputs, allow_unused=True)
     zero = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs, strict=True)]
     return zero[0], zero[1], (zero[2] if bias64 is not None else None)
+
+
+def linear_policy_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    tokens: torch.Tensor,
+    *,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    ref_logp: torch.Tensor | None = None,
+    rollout_logp: torch.Tensor | None = None,
+    importance_weights: torch.Tensor | None = None,
+    options: PolicyLossOptions | None = None,
+    bias: torch.Tensor | None = None,
+    temperature: float | torch.Tensor = 1.0,
+    ignore_index: int = -100,
+    softcap: float | None = None,
+    logit_scale: float = 1.0,
+    entropy_coef: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Float64 (loss, metrics, logp) of `policy_loss` on the LM head's log-probabilities.
+
+    hidden [N, H], tokens [N] and a per-row temperature [N]; old_logp, mask [B, T] with
+    B * T = N. Positions whose token is ignore_index count as masked. The loss is
+    policy_loss's minus entropy_coef times the entropy aggregated as policy_loss aggregates
+    its terms; metrics are policy_loss's, then the entropy's mean over the mask; logp is 0
+    at masked positions.
+    """
+    o = options if options is not None else PolicyLossOptions()
+    shape = old_logp.shape
+    keep = (mask != 0) & (tokens.view(shape) != ignore_index)
+    kept_tokens = torch.where(keep.reshape(-1), tokens, ignore_index)
+    logp, entropy = linear_logp_entropy(hidden, weight, kept_tokens, bias=bias,
+                                        temperature=temperature, ignore_index=ignore_index,
+                                        softcap=softcap, logit_scale=logit_scale)
+    logp2, entropy2 = logp.view(shape), entropy.view(shape)
+    loss, metrics = policy_loss(logp2, old_logp, advantages, keep, ref_logp=ref_logp,
+                                rollout_logp=rollout_logp,
+                                importance_weights=importance_weights, options=o)
+    if entropy_coef != 0.0:
+        loss = loss - entropy_coef * _aggregate(entropy2, keep, o)
+    entropy_mean = entropy2.detach()[keep].sum() / max(int(keep.sum()), 1)
+    return loss, torch.cat([metrics, entropy_mean.reshape(1)]), logp
+
+
+def _aggregate(values: torch.Tensor, keep: torch.Tensor, o: PolicyLossOptions) -> torch.Tensor:
+    """`values` [B, T] aggregated over the kept positions by the options' agg, divisor,
+    count_empty_rows and scale (docs/ops/policy_loss.md), one sequence at a time."""
+    counts = [int(row.sum()) for row in keep]
+    row_sums = [values[i][keep[i]].sum() for i in range(len(counts))]
+    if o.agg == "seq-mean-token-mean":
+        row_sums = [total / max(count, 1) for total, count in zip(row_sums, counts, strict=True)]
+    total = sum(row_sums, values.sum() * 0.0)
+    rows = len(counts) if o.count_empty_rows else sum(count > 0 for count in counts)
+    natural = {"token-mean": sum(counts), "token-sum": 1, "seq-mean-token-mean": rows,
+               "seq-mean-token-sum": rows, "seq-mean-token-sum-norm": rows * values.shape[1]}
+    divisor = o.divisor if o.divisor is not None else max(natural[o.agg], 1)
+    return o.scale * total / divisor
 
 
 def group_advantages(

@@ -8,11 +8,11 @@ runs found by search, ids in any other order by scanning for members.
 from __future__ import annotations
 
 import torch
-from rlk.ops.advantages_options import NORMALIZATIONS, GroupAdvantagesOptions
+from rlk.backend import NORMALIZATIONS, GroupAdvantagesOptions
 from torch import Tensor
 
-from rlk_cuda import _ext
-from rlk_cuda._launch import device_of, ptr, same_device, stream
+from . import _ext
+from ._launch import device_of, ptr, same_device, stream
 
 
 def forward(rewards: Tensor, group_ids: Tensor | None, group_size: int, num_groups: int,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlk_cuda import _ext, logp_path
-from rlk_cuda._launch import device_of, dtype_code, f32_empty, ptr, rows_major, same_device, stream
+from . import _ext, logp_path
+from ._launch import device_of, dtype_code, f32_empty, ptr, rows_major, same_device, stream
 
 Temperature = float | Tensor
 
@@ -37,7 +37,7 @@ def launch_forward(
     """Run the forward kernel into caller-provided outputs (None skips an output): float32,
     but the float64 lse. `tokens` None computes statistics only (no row is skipped).
 
-    RLK_CUDA_LOGP_FORWARD picks the kernel (rlk_cuda.logp_path); the sampler's statistics pass
+    RLK_CUDA_LOGP_FORWARD picks the kernel (logp_path); the sampler's statistics pass
     comes through here too, so its logp keeps matching this forward bit for bit.
     """
     device = device_of("logits", logits)
@@ -118,13 +118,18 @@ def launch_backward(
     col_offset: int,
     vocab_total: int,
 ) -> None:
-    """Write the gradient of every row of `logits` into `grad` (which may be `logits`)."""
+    """Write the gradient of every row of `logits` into `grad` (which may be `logits`).
+
+    `grad` has the logits' dtype, or for float32 logits bfloat16/float16 (the linear ops'
+    GEMM input dtype).
+    """
     device = device_of("logits", logits)
     code = dtype_code("logits", logits)
-    if grad.dtype != logits.dtype or grad.shape != logits.shape:
+    narrower = logits.dtype == torch.float32 and grad.dtype in (torch.bfloat16, torch.float16)
+    if (grad.dtype != logits.dtype and not narrower) or grad.shape != logits.shape:
         raise ValueError(
-            f"grad must match logits ({logits.dtype}, {tuple(logits.shape)}); "
-            f"got {grad.dtype}, {tuple(grad.shape)}"
+            f"grad must match logits ({logits.dtype}, {tuple(logits.shape)}; bfloat16 or "
+            f"float16 for float32 logits); got {grad.dtype}, {tuple(grad.shape)}"
         )
     temp, temp_value = _split(temperature, device)
     num_rows, vocab = logits.shape
@@ -138,6 +143,7 @@ def launch_backward(
         vocab,
         logits.stride(0),
         ptr(grad),
+        dtype_code("grad", grad),
         grad.stride(0),
         ptr(tokens),
         ptr(g_logp),

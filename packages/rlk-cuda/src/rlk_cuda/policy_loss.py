@@ -12,17 +12,11 @@ import functools
 from typing import Any
 
 import torch
-from rlk.ops.policy_loss_options import (
-    AGGREGATIONS,
-    METRICS,
-    OBJECTIVES,
-    RATIO_LEVELS,
-    PolicyLossOptions,
-)
+from rlk.backend import AGGREGATIONS, METRICS, OBJECTIVES, RATIO_LEVELS, PolicyLossOptions
 from torch import Tensor
 
-from rlk_cuda import _ext
-from rlk_cuda._launch import device_of, ptr, same_device, stream
+from . import _ext
+from ._launch import device_of, ptr, same_device, stream
 
 # The extension's element type codes (rlk_api.h ElemType).
 ELEM_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3,
@@ -67,7 +61,7 @@ def _operand(name: str, tensor: Tensor | None, shapes: tuple[tuple[int, ...], ..
     if tensor is None:
         return None, 0
     if tensor.dtype not in dtypes:
-        raise TypeError(f"{name} must have dtype {', '.join(map(str, dtypes))} for rlk_cuda; "
+        raise TypeError(f"{name} must have dtype {', '.join(map(str, dtypes))} for {__package__}; "
                         f"got {tensor.dtype}")
     if tuple(tensor.shape) not in shapes:
         raise ValueError(f"{name} must have shape {shapes[0]}; got {tuple(tensor.shape)}")

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from rlk.ops.sample import drawn_logp
+from rlk.backend import drawn_logp
 from rlk_flashinfer import full_vocabulary, library, shortlist
 from rlk_flashinfer.seeds import uniforms
 

@@ -15,7 +15,8 @@ from torch import Tensor
 from rlk import reference
 from rlk.ops import validate
 from rlk.ops.advantages_options import GroupAdvantagesOptions
-from rlk.ops.spec import EagerPath, OpSpec, Sample, Tolerance
+from rlk.ops.contract import Out
+from rlk.ops.spec import EagerPath, NativeKernel, OpSpec, Sample, Tolerance
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 LABELS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
@@ -212,6 +213,16 @@ def _opcheck_case(args: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
     return torch.ops.rlk.group_advantages.default, _op_arguments(args)
 
 
+def _output_meta(rewards: Tensor, *_: Any, **__: Any) -> tuple[Out | None, ...]:
+    return (Out(tuple(rewards.shape), torch.float32, rewards.device),)
+
+
+def _shape_call(shape: Any, dtype: torch.dtype) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if len(shape) != 1:
+        raise ValueError(f"takes --shape N; got {shape}")
+    return (torch.empty(shape, dtype=dtype, device="meta"),), {"group_size": 1}
+
+
 GROUP_ADVANTAGES = OpSpec(
     name="group_advantages",
     main_input="rewards",
@@ -226,5 +237,8 @@ GROUP_ADVANTAGES = OpSpec(
     eager=EagerPath(torch_op=_group_advantages_op, op_arguments=_op_arguments,
                     kernel_arguments=_kernel_args),
     doc="GRPO / RLOO group advantages",
+    native=NativeKernel("rlk.native.advantages:forward"),
+    output_meta=_output_meta,
+    shape_call=_shape_call,
+    shape_help="N",
 )
-SPECS = (GROUP_ADVANTAGES,)

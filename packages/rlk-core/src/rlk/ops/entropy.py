@@ -12,7 +12,8 @@ from rlk import reference
 from rlk.ops import logits_args, validate
 from rlk.ops import logp as logp_op
 from rlk.ops import temperature as temperatures
-from rlk.ops.spec import OpSpec, Sample, register_autograd
+from rlk.ops.contract import Out
+from rlk.ops.spec import NativeKernel, OpSpec, Sample, register_autograd
 from rlk.ops.temperature import Temperature
 
 # ---------------------------------------------------------------------------
@@ -83,11 +84,23 @@ def _entropy_backward_op(grad_entropy: Tensor, logits: Tensor, temperature: Tens
                                          args["temperature"], mask, rows, lse, entropy, False)
 
 
+def _output_meta(logits: Tensor, temperature: Temperature, mask: Tensor | None,
+                 rows: Tensor | None, out: Tensor | None) -> tuple[Out | None, ...]:
+    """What a forward kernel returns: entropy [R] in the compute dtype, lse [R] in float64
+    (the fake is built from this too)."""
+    count = logits.shape[0] if rows is None else rows.shape[0]
+    return (Out((count,), logits_args.compute_dtype(logits), logits.device),
+            Out((count,), torch.float64, logits.device))
+
+
+def _grad_meta(grad_entropy: Tensor, logits: Tensor, *_: Any) -> tuple[Out | None, ...]:
+    return (Out(tuple(logits.shape), logits.dtype, logits.device),)
+
+
 @_entropy_op.register_fake
 def _(logits, temperature, temperature_value, mask, rows):
-    count = logits.shape[0] if rows is None else rows.shape[0]
-    return (logits.new_empty(count, dtype=logits_args.compute_dtype(logits)),
-            logits.new_empty(count, dtype=torch.float64))
+    return tuple(logits.new_empty(o.shape, dtype=o.dtype)
+                 for o in _output_meta(logits, 1.0, mask, rows, None) if o is not None)
 
 
 @_entropy_out_op.register_fake
@@ -242,6 +255,12 @@ def _batch_slice(args: dict[str, Any], start: int, stop: int) -> dict[str, Any] 
     return dict(args, logits=args["logits"][start:stop], **sliced)
 
 
+def _shape_call(shape: Any, dtype: torch.dtype) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if len(shape) < 2:
+        raise ValueError(f"takes --shape N,V (or more leading sizes, e.g. B,T,V); got {shape}")
+    return (torch.empty(shape, dtype=dtype, device="meta"),), {}
+
+
 ENTROPY = OpSpec(
     name="entropy",
     main_input="logits",
@@ -257,5 +276,9 @@ ENTROPY = OpSpec(
     grad_tolerances=logp_op.GRAD_TOLERANCES,
     batch_slice=_batch_slice,
     doc="entropy of softmax(logits / T) per row",
+    native=NativeKernel("rlk.native.logp:entropy_forward", "rlk.native.logp:entropy_backward"),
+    output_meta=_output_meta,
+    grad_meta=_grad_meta,
+    shape_call=_shape_call,
+    shape_help="N,V",
 )
-SPECS = (ENTROPY,)

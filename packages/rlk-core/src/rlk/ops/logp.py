@@ -13,7 +13,8 @@ from torch import Tensor
 from rlk import reference
 from rlk.ops import logits_args, validate
 from rlk.ops import temperature as temperatures
-from rlk.ops.spec import OpSpec, Sample, Tolerance, register_autograd
+from rlk.ops.contract import Out
+from rlk.ops.spec import NativeKernel, OpSpec, Sample, Tolerance, register_autograd
 from rlk.ops.temperature import Temperature
 
 # ---------------------------------------------------------------------------
@@ -176,15 +177,27 @@ def _logp_backward_op(grad_logp: Tensor, grad_entropy: Tensor | None, logits: Te
     )
 
 
-def _fake_outputs(logits: Tensor, tokens: Tensor, rows: Tensor | None,
-                  with_entropy: bool) -> tuple[Tensor, ...]:
+def _output_meta(logits: Tensor, tokens: Tensor, temperature: Temperature, ignore_index: int,
+                 rows: Tensor | None, out: Tensor | None,
+                 with_entropy: bool) -> tuple[Out | None, ...]:
+    """What a forward kernel returns: logp [R] ([R, K]) and entropy [R] in the compute
+    dtype, lse [R] in float64 (the fakes are built from this too)."""
     count = logits.shape[0] if rows is None else rows.shape[0]
     dtype = logits_args.compute_dtype(logits)
-    logp = logits.new_empty((count, *tokens.shape[1:]), dtype=dtype)
-    lse = logits.new_empty(count, dtype=torch.float64)
-    if with_entropy:
-        return logp, logits.new_empty(count, dtype=dtype), lse
-    return logp, lse
+    return (Out((count, *tokens.shape[1:]), dtype, logits.device),
+            Out((count,), dtype, logits.device) if with_entropy else None,
+            Out((count,), torch.float64, logits.device))
+
+
+def _grad_meta(grad_logp: Tensor, grad_entropy: Tensor | None, logits: Tensor,
+               *_: Any) -> tuple[Out | None, ...]:
+    return (Out(tuple(logits.shape), logits.dtype, logits.device),)
+
+
+def _fake_outputs(logits: Tensor, tokens: Tensor, rows: Tensor | None,
+                  with_entropy: bool) -> tuple[Tensor, ...]:
+    outputs = _output_meta(logits, tokens, 1.0, 0, rows, None, with_entropy)
+    return tuple(logits.new_empty(o.shape, dtype=o.dtype) for o in outputs if o is not None)
 
 
 @_logp_op.register_fake
@@ -577,6 +590,13 @@ GRAD_TOLERANCES = {
 }
 
 
+def _shape_call(shape: Any, dtype: torch.dtype) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if len(shape) < 2:
+        raise ValueError(f"takes --shape N,V (or more leading sizes, e.g. B,T,V); got {shape}")
+    logits = torch.empty(shape, dtype=dtype, device="meta")
+    return (logits, torch.empty(shape[:-1], dtype=torch.int64, device="meta")), {}
+
+
 def _spec(name: str, with_entropy: bool, doc: str) -> OpSpec:
     return OpSpec(
         name=name,
@@ -593,9 +613,13 @@ def _spec(name: str, with_entropy: bool, doc: str) -> OpSpec:
         grad_tolerances=GRAD_TOLERANCES,
         batch_slice=_batch_slice,
         doc=doc,
+        native=NativeKernel("rlk.native.logp:forward", "rlk.native.logp:backward"),
+        output_meta=_output_meta,
+        grad_meta=_grad_meta,
+        shape_call=_shape_call,
+        shape_help="N,V",
     )
 
 
 LOGP = _spec("logp", False, "log softmax(logits / T) at tokens")
 LOGP_ENTROPY = _spec("logp_entropy", True, "logp and the entropy of softmax(logits / T)")
-SPECS = (LOGP, LOGP_ENTROPY)

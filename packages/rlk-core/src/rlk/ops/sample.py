@@ -12,7 +12,8 @@ from torch import Tensor
 from rlk import reference
 from rlk.ops import temperature as temperatures
 from rlk.ops import validate
-from rlk.ops.spec import OpSpec, Sample, Tolerance
+from rlk.ops.contract import Out
+from rlk.ops.spec import NativeKernel, OpSpec, Sample, Tolerance
 
 _U64 = (1 << 64) - 1
 
@@ -228,6 +229,18 @@ def _public_prepare(logits: Tensor, *, temperature: float = 1.0, top_k: int = 0,
     return _prepare(logits, temperature, top_k, top_p, min_p, seed)[0]
 
 
+def _output_meta(logits: Tensor, *_: Any, **__: Any) -> tuple[Out | None, ...]:
+    rows = (logits.shape[0],)
+    return (Out(rows, torch.int64, logits.device), Out(rows, torch.float32, logits.device),
+            Out(rows, torch.float32, logits.device))
+
+
+def _shape_call(shape: Any, dtype: torch.dtype) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if len(shape) < 2:
+        raise ValueError(f"takes --shape B,V; got {shape}")
+    return (torch.empty(shape, dtype=dtype, device="meta"),), {}
+
+
 SAMPLE = OpSpec(
     name="sample",
     main_input="logits",
@@ -242,5 +255,8 @@ SAMPLE = OpSpec(
     opcheck_case=_opcheck_case,
     batch_slice=_batch_slice,
     doc="one token per row: temperature, top-k, top-p, min-p, per-row seeds",
+    native=NativeKernel("rlk.native.sample:sample", uses=("logp",)),
+    output_meta=_output_meta,
+    shape_call=_shape_call,
+    shape_help="B,V",
 )
-SPECS = (SAMPLE,)

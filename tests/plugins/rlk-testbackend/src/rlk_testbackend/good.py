@@ -11,10 +11,9 @@ import os
 import torch
 from torch import Tensor
 
-import rlk
-from rlk.ops.logp import one_token_per_row
+from rlk.backend import hookimpl, one_token_per_row
 
-RLK_PLUGIN_API = "1.0"
+RLK_PLUGIN_API = "1.1"
 
 
 def probe(device: torch.device) -> str | None:
@@ -83,7 +82,7 @@ def backward(grad_logp: Tensor, grad_entropy: Tensor | None, logits: Tensor, tok
     return grad.to(logits.dtype)
 
 
-@rlk.hookimpl
+@hookimpl
 def rlk_register(registry) -> None:
     registry.add_backend("testbackend", priority=100, probe=probe, version="0.0.1")
     for op in ("logp", "logp_entropy"):

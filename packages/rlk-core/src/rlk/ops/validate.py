@@ -51,6 +51,14 @@ def real(name: str, value: object) -> float:
     return float(value)
 
 
+def positive_scalar(name: str, value: object, *, allow_zero: bool = False) -> float:
+    number = real(name, value)
+    if not (number >= 0.0 if allow_zero else number > 0.0) or number == float("inf"):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be finite and {bound}, got {value}")
+    return number
+
+
 def integer(name: str, value: object) -> int:
     """A Python or NumPy integer that fits in int64 (what torch operators take)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

@@ -16,6 +16,7 @@
 #endif
 
 namespace nb = nanobind;
+using namespace nb::literals;
 
 namespace {
 
@@ -56,11 +57,14 @@ NB_MODULE(_C, m) {
           rlk::LogpFwdArgs a{ptr<const void>(logits), dtype, M, V, row_stride,
                              ptr<const int64_t>(tokens), ptr<const int64_t>(rows), R, temperature,
                              ptr<const float>(temp_rows), ignore_index, ptr<float>(logp),
-                             logp_stride, ptr<float>(entropy), ptr<float>(lse), ptr<float>(stats),
+                             logp_stride, ptr<float>(entropy), ptr<double>(lse), ptr<float>(stats),
                              nseg, ptr<float>(partial)};
           void* s = reinterpret_cast<void*>(stream);
           check(tma ? rlk::logp_forward_tma(a, s) : rlk::logp_forward(a, s));
-        });
+        },
+        nb::kw_only(), "device"_a, "stream"_a, "logits"_a, "dtype"_a, "M"_a, "V"_a, "row_stride"_a,
+        "tokens"_a, "rows"_a, "R"_a, "temperature"_a, "temp_rows"_a, "ignore_index"_a, "logp"_a,
+        "logp_stride"_a, "entropy"_a, "lse"_a, "stats"_a, "nseg"_a, "partial"_a, "tma"_a);
 
   m.def("logp_forward_segments", &rlk::logp_forward_segments,
         "Row segments the forward uses for vocabulary size V (scratch: R * segments * 3 floats)");
@@ -69,7 +73,8 @@ NB_MODULE(_C, m) {
 
   m.def("logp_backward",
         [](int device, uintptr_t stream, uintptr_t logits, int dtype, int64_t M, int64_t V,
-           int64_t row_stride, uintptr_t grad, int64_t grad_row_stride, uintptr_t tokens,
+           int64_t row_stride, uintptr_t grad, int grad_dtype, int64_t grad_row_stride,
+           uintptr_t tokens,
            uintptr_t g_logp, uintptr_t g_ent, uintptr_t lse, uintptr_t entropy, float temperature,
            uintptr_t temp_rows, int64_t ignore_index, int64_t col_offset, int64_t vocab_total) {
           if (M > 0 && V > 0) {
@@ -81,12 +86,17 @@ NB_MODULE(_C, m) {
           }
           prepare(device);
           rlk::LogpBwdArgs a{ptr<const void>(logits), dtype, M, V, row_stride, ptr<void>(grad),
-                             grad_row_stride, ptr<const int64_t>(tokens), ptr<const float>(g_logp),
-                             ptr<const float>(g_ent), ptr<const float>(lse),
+                             grad_dtype, grad_row_stride, ptr<const int64_t>(tokens),
+                             ptr<const float>(g_logp),
+                             ptr<const float>(g_ent), ptr<const double>(lse),
                              ptr<const float>(entropy), temperature, ptr<const float>(temp_rows),
                              ignore_index, col_offset, vocab_total};
           check(rlk::logp_backward(a, reinterpret_cast<void*>(stream)));
-        });
+        },
+        nb::kw_only(), "device"_a, "stream"_a, "logits"_a, "dtype"_a, "M"_a, "V"_a, "row_stride"_a,
+        "grad"_a, "grad_dtype"_a, "grad_row_stride"_a, "tokens"_a, "g_logp"_a, "g_ent"_a, "lse"_a,
+        "entropy"_a, "temperature"_a, "temp_rows"_a, "ignore_index"_a, "col_offset"_a,
+        "vocab_total"_a);
 
   // linear_logp forward over vocabulary chunks; phase 0 = one chunk's partials, 1 = merge.
   m.def("logp_cols",
@@ -110,28 +120,57 @@ NB_MODULE(_C, m) {
                               vocab_total, ptr<const int64_t>(tokens), temperature,
                               ptr<const float>(temp_rows), ignore_index, chunk, nchunks,
                               ptr<float>(partial), ptr<float>(tok_logit), ptr<float>(logp),
-                              ptr<float>(entropy), ptr<float>(lse)};
+                              ptr<float>(entropy), ptr<double>(lse)};
           void* s = reinterpret_cast<void*>(stream);
           check(phase == 0 ? rlk::logp_cols_partial(a, s) : rlk::logp_cols_merge(a, s));
-        });
+        },
+        nb::kw_only(), "phase"_a, "device"_a, "stream"_a, "logits"_a, "dtype"_a, "N"_a, "C"_a,
+        "row_stride"_a, "col_offset"_a, "vocab_total"_a, "tokens"_a, "temperature"_a, "temp_rows"_a,
+        "ignore_index"_a, "chunk"_a, "nchunks"_a, "partial"_a, "tok_logit"_a, "logp"_a, "entropy"_a,
+        "lse"_a);
+
+  // Soft cap of a float32 logits chunk in place (grad 0), or its chain rule into grad.
+  m.def("soft_cap",
+        [](int device, uintptr_t stream, uintptr_t logits, int64_t N, int64_t C,
+           int64_t row_stride, float softcap, uintptr_t grad, int grad_dtype,
+           int64_t grad_row_stride) {
+          if (N > 0 && C > 0) require(logits, "logits");
+          prepare(device);
+          rlk::SoftCapArgs a{ptr<float>(logits), N, C, row_stride, softcap, ptr<void>(grad),
+                             grad_dtype, grad_row_stride};
+          check(rlk::soft_cap(a, reinterpret_cast<void*>(stream)));
+        },
+        nb::kw_only(), "device"_a, "stream"_a, "logits"_a, "N"_a, "C"_a, "row_stride"_a,
+        "softcap"_a, "grad"_a, "grad_dtype"_a, "grad_row_stride"_a);
 
   m.attr("GROUP_ADVANTAGES_CHUNK") = rlk::kGroupAdvChunk;
-  m.def("group_advantages",
-        [](int device, uintptr_t stream, uintptr_t rewards, uintptr_t group_ids, int64_t N,
-           int64_t num_groups, bool normalize_std, bool leave_one_out, float eps, uintptr_t out,
-           uintptr_t ordered_chunks) {
-          if (N > 0) {
-            require(rewards, "rewards");
-            require(group_ids, "group_ids");
-            require(out, "out");
+  m.def(
+      "group_advantages",
+      [](int device, uintptr_t stream, uintptr_t rewards, uintptr_t group_ids, int64_t N,
+         int64_t num_groups, int64_t group_size, int normalize, bool leave_one_out,
+         bool nan_ignore, bool singleton_reward, float eps, uintptr_t out,
+         uintptr_t ordered_chunks, uintptr_t batch_std) {
+        if (N > 0) {
+          require(rewards, "rewards");
+          require(out, "out");
+          if (group_ids != 0) {
             require(ordered_chunks, "ordered_chunks");
+          } else if (group_size <= 0) {
+            throw std::invalid_argument(RLK_EXT_NAME ": group_advantages needs group_ids or "
+                                        "group_size > 0");
           }
-          prepare(device);
-          rlk::GroupAdvArgs a{ptr<const float>(rewards), ptr<const int64_t>(group_ids), N,
-                              num_groups, normalize_std, leave_one_out, eps, ptr<float>(out),
-                              ptr<int>(ordered_chunks)};
-          check(rlk::group_advantages(a, reinterpret_cast<void*>(stream)));
-        });
+          if (normalize == rlk::kNormalizeBatchStd) require(batch_std, "batch_std");
+        }
+        prepare(device);
+        rlk::GroupAdvArgs a{ptr<const float>(rewards), ptr<const int64_t>(group_ids), N,
+                            num_groups, group_size, normalize, leave_one_out, nan_ignore,
+                            singleton_reward, eps, ptr<float>(out), ptr<int>(ordered_chunks),
+                            ptr<double>(batch_std)};
+        check(rlk::group_advantages(a, reinterpret_cast<void*>(stream)));
+      },
+      nb::kw_only(), "device"_a, "stream"_a, "rewards"_a, "group_ids"_a, "N"_a, "num_groups"_a,
+      "group_size"_a, "normalize"_a, "leave_one_out"_a, "nan_ignore"_a, "singleton_reward"_a,
+      "eps"_a, "out"_a, "ordered_chunks"_a, "batch_std"_a);
 
   m.def("sample",
         [](int device, uintptr_t stream, uintptr_t logits, int dtype, int64_t B, int64_t V,
@@ -151,41 +190,84 @@ NB_MODULE(_C, m) {
                             top_p, min_p, ptr<const int64_t>(seeds), ptr<const float>(stats),
                             ptr<int64_t>(tokens), ptr<float>(logp), ptr<float>(processed_logp)};
           check(rlk::sample(a, reinterpret_cast<void*>(stream)));
-        });
+        },
+        nb::kw_only(), "device"_a, "stream"_a, "logits"_a, "dtype"_a, "B"_a, "V"_a, "row_stride"_a,
+        "temperature"_a, "top_k"_a, "top_p"_a, "min_p"_a, "seeds"_a, "stats"_a, "tokens"_a,
+        "logp"_a, "processed_logp"_a);
 
-  // policy_loss: backward=false writes loss and metrics, backward=true writes grad.
+  // policy_loss: the options as a settings struct (built once per options object), the
+  // tensors as (pointer, element type) pairs; every argument by name.
+  nb::class_<rlk::PolicyLossSettings>(m, "PolicyLossSettings")
+      .def(nb::init<>())
+      .def_rw("objective", &rlk::PolicyLossSettings::objective)
+      .def_rw("ratio_level", &rlk::PolicyLossSettings::ratio_level)
+      .def_rw("clip_low", &rlk::PolicyLossSettings::clip_low)
+      .def_rw("clip_high", &rlk::PolicyLossSettings::clip_high)
+      .def_rw("dual_clip", &rlk::PolicyLossSettings::dual_clip)
+      .def_rw("ratio_cap", &rlk::PolicyLossSettings::ratio_cap)
+      .def_rw("log_ratio_min", &rlk::PolicyLossSettings::log_ratio_min)
+      .def_rw("log_ratio_max", &rlk::PolicyLossSettings::log_ratio_max)
+      .def_rw("sapo_temperature_pos", &rlk::PolicyLossSettings::sapo_temperature_pos)
+      .def_rw("sapo_temperature_neg", &rlk::PolicyLossSettings::sapo_temperature_neg)
+      .def_rw("vespo_k_pos", &rlk::PolicyLossSettings::vespo_k_pos)
+      .def_rw("vespo_lambda_pos", &rlk::PolicyLossSettings::vespo_lambda_pos)
+      .def_rw("vespo_k_neg", &rlk::PolicyLossSettings::vespo_k_neg)
+      .def_rw("vespo_lambda_neg", &rlk::PolicyLossSettings::vespo_lambda_neg)
+      .def_rw("kl_coef", &rlk::PolicyLossSettings::kl_coef)
+      .def_rw("kl_estimator", &rlk::PolicyLossSettings::kl_estimator)
+      .def_rw("kl_straight_through", &rlk::PolicyLossSettings::kl_straight_through)
+      .def_rw("kl_clamp", &rlk::PolicyLossSettings::kl_clamp)
+      .def_rw("kl_bias_correction", &rlk::PolicyLossSettings::kl_bias_correction)
+      .def_rw("tis_cap", &rlk::PolicyLossSettings::tis_cap)
+      .def_rw("agg", &rlk::PolicyLossSettings::agg)
+      .def_rw("divisor", &rlk::PolicyLossSettings::divisor)
+      .def_rw("count_empty_rows", &rlk::PolicyLossSettings::count_empty_rows)
+      .def_rw("scale", &rlk::PolicyLossSettings::scale);
   m.attr("POLICY_LOSS_ROW_STATS") = rlk::kPolicyLossRowStats;
-  m.def("policy_loss",
-        [](bool backward, int device, uintptr_t stream, uintptr_t logp, uintptr_t old_logp,
-           uintptr_t advantages, uintptr_t mask, uintptr_t ref_logp, uintptr_t rollout_logp,
-           int64_t B, int64_t T, bool adv_per_token, float ratio_low, float ratio_high,
-           float dual_clip, float kl_coef, int kl_estimator, bool sequence_ratio, int agg,
-           float tis_cap, uintptr_t rows, uintptr_t loss, uintptr_t metrics, uintptr_t grad_loss,
-           uintptr_t grad) {
-          if (B > 0) {
-            require(rows, "rows");
-            require(advantages, "advantages");
-          }
-          if (B > 0 && T > 0) {
-            require(logp, "logp");
-            require(old_logp, "old_logp");
-            require(mask, "mask");
-            if (backward) require(grad, "grad");
-          }
-          if (backward && B > 0) require(grad_loss, "grad_loss");
-          if (!backward) {
-            require(loss, "loss");
-            require(metrics, "metrics");
-          }
-          prepare(device);
-          rlk::PolicyLossArgs a{ptr<const float>(logp), ptr<const float>(old_logp),
-                                ptr<const float>(advantages), ptr<const float>(mask),
-                                ptr<const float>(ref_logp), ptr<const float>(rollout_logp), B, T,
-                                adv_per_token, ratio_low, ratio_high, dual_clip, kl_coef,
-                                kl_estimator, sequence_ratio, agg, tis_cap, ptr<double>(rows),
-                                ptr<float>(loss), ptr<float>(metrics), ptr<const float>(grad_loss),
-                                ptr<float>(grad)};
-          void* s = reinterpret_cast<void*>(stream);
-          check(backward ? rlk::policy_loss_backward(a, s) : rlk::policy_loss_forward(a, s));
-        });
+  // backward=false writes loss and metrics, backward=true writes grad.
+  m.def(
+      "policy_loss",
+      [](bool backward, int device, uintptr_t stream, uintptr_t logp, int logp_type,
+         uintptr_t old_logp, int old_logp_type, uintptr_t advantages, int advantages_type,
+         uintptr_t mask, int mask_type, uintptr_t ref_logp, int ref_logp_type,
+         uintptr_t rollout_logp, int rollout_logp_type, uintptr_t importance_weights,
+         int importance_weights_type, int64_t B, int64_t T, bool adv_per_token,
+         bool weights_per_token, const rlk::PolicyLossSettings& settings, uintptr_t rows,
+         uintptr_t loss, uintptr_t metrics, uintptr_t grad_loss, uintptr_t grad) {
+        if (B > 0) {
+          require(rows, "rows");
+          require(advantages, "advantages");
+        }
+        if (B > 0 && T > 0) {
+          require(logp, "logp");
+          require(old_logp, "old_logp");
+          require(mask, "mask");
+          if (backward) require(grad, "grad");
+        }
+        if (backward && B > 0) require(grad_loss, "grad_loss");
+        if (!backward) {
+          require(loss, "loss");
+          require(metrics, "metrics");
+        }
+        prepare(device);
+        const auto operand = [](uintptr_t p, int type) {
+          return rlk::Operand{ptr<const void>(p), type};
+        };
+        rlk::PolicyLossArgs a{operand(logp, logp_type), operand(old_logp, old_logp_type),
+                              operand(advantages, advantages_type), operand(mask, mask_type),
+                              operand(ref_logp, ref_logp_type),
+                              operand(rollout_logp, rollout_logp_type),
+                              operand(importance_weights, importance_weights_type), B, T,
+                              adv_per_token, weights_per_token, settings, ptr<double>(rows),
+                              ptr<float>(loss), ptr<float>(metrics), ptr<const float>(grad_loss),
+                              ptr<void>(grad)};
+        void* s = reinterpret_cast<void*>(stream);
+        check(backward ? rlk::policy_loss_backward(a, s) : rlk::policy_loss_forward(a, s));
+      },
+      nb::kw_only(), "backward"_a, "device"_a, "stream"_a, "logp"_a, "logp_type"_a,
+      "old_logp"_a, "old_logp_type"_a, "advantages"_a, "advantages_type"_a, "mask"_a,
+      "mask_type"_a, "ref_logp"_a, "ref_logp_type"_a, "rollout_logp"_a, "rollout_logp_type"_a,
+      "importance_weights"_a, "importance_weights_type"_a, "B"_a, "T"_a, "adv_per_token"_a,
+      "weights_per_token"_a, "settings"_a, "rows"_a, "loss"_a, "metrics"_a, "grad_loss"_a,
+      "grad"_a);
 }

@@ -1,7 +1,8 @@
-"""logp / logp_entropy kernels: the kernel-level functions rlk's dispatcher calls.
+"""logp / logp_entropy / entropy kernels: the kernel-level functions rlk's dispatcher calls.
 
 Signatures follow docs/backends/writing-a-backend.md. Logits with a non-unit column stride are
-copied to a contiguous tensor first (any row stride is read in place).
+copied to a contiguous tensor first (any row stride is read in place). The kernels gather one
+token per row: the plugin's check declines `[M, K]` tokens, which another backend serves.
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlk_cuda import _ext, logp_path
-from rlk_cuda._launch import device_of, dtype_code, f32_empty, ptr, rows_major, same_device, stream
+from . import _ext, logp_path
+from ._launch import device_of, dtype_code, f32_empty, ptr, rows_major, same_device, stream
 
 Temperature = float | Tensor
 
@@ -33,9 +34,10 @@ def launch_forward(
     lse: Tensor | None,
     stats: Tensor | None,
 ) -> None:
-    """Run the forward kernel into caller-provided float32 outputs (None skips an output).
+    """Run the forward kernel into caller-provided outputs (None skips an output): float32,
+    but the float64 lse. `tokens` None computes statistics only (no row is skipped).
 
-    RLK_CUDA_LOGP_FORWARD picks the kernel (rlk_cuda.logp_path); the sampler's statistics pass
+    RLK_CUDA_LOGP_FORWARD picks the kernel (logp_path); the sampler's statistics pass
     comes through here too, so its logp keeps matching this forward bit for bit.
     """
     device = device_of("logits", logits)
@@ -59,27 +61,27 @@ def launch_forward(
     if tma or segments > 1:  # scratch for the rows' partial statistics, from torch's allocator
         partial = torch.empty(count * segments * 3, dtype=torch.float32, device=logits.device)
     ext.logp_forward(
-        device,
-        stream(device),
-        ptr(logits),
-        code,
-        num_rows,
-        vocab,
-        logits.stride(0),
-        ptr(tokens),
-        ptr(rows),
-        count,
-        temp_value,
-        ptr(temp),
-        int(ignore_index),
-        ptr(logp),
-        1 if logp is None else logp.stride(0),
-        ptr(entropy),
-        ptr(lse),
-        ptr(stats),
-        segments,
-        ptr(partial),
-        tma,
+        device=device,
+        stream=stream(device),
+        logits=ptr(logits),
+        dtype=code,
+        M=num_rows,
+        V=vocab,
+        row_stride=logits.stride(0),
+        tokens=ptr(tokens),
+        rows=ptr(rows),
+        R=count,
+        temperature=temp_value,
+        temp_rows=ptr(temp),
+        ignore_index=int(ignore_index),
+        logp=ptr(logp),
+        logp_stride=1 if logp is None else logp.stride(0),
+        entropy=ptr(entropy),
+        lse=ptr(lse),
+        stats=ptr(stats),
+        nseg=segments,
+        partial=ptr(partial),
+        tma=tma,
     )
 
 
@@ -97,7 +99,7 @@ def forward(
     device = logits.device
     logp = f32_empty(count, device=device) if out is None else out
     entropy = f32_empty(count, device=device) if with_entropy else None
-    lse = f32_empty(count, device=device)
+    lse = torch.empty(count, dtype=torch.float64, device=device)
     if count > 0:
         launch_forward(logits, tokens, temperature, ignore_index, rows, logp, entropy, lse, None)
     return logp, entropy, lse
@@ -116,36 +118,43 @@ def launch_backward(
     col_offset: int,
     vocab_total: int,
 ) -> None:
-    """Write the gradient of every row of `logits` into `grad` (which may be `logits`)."""
+    """Write the gradient of every row of `logits` into `grad` (which may be `logits`).
+
+    `grad` has the logits' dtype, or for float32 logits bfloat16/float16 (the linear ops'
+    GEMM input dtype).
+    """
     device = device_of("logits", logits)
     code = dtype_code("logits", logits)
-    if grad.dtype != logits.dtype or grad.shape != logits.shape:
+    narrower = logits.dtype == torch.float32 and grad.dtype in (torch.bfloat16, torch.float16)
+    if (grad.dtype != logits.dtype and not narrower) or grad.shape != logits.shape:
         raise ValueError(
-            f"grad must match logits ({logits.dtype}, {tuple(logits.shape)}); "
-            f"got {grad.dtype}, {tuple(grad.shape)}"
+            f"grad must match logits ({logits.dtype}, {tuple(logits.shape)}; bfloat16 or "
+            f"float16 for float32 logits); got {grad.dtype}, {tuple(grad.shape)}"
         )
     temp, temp_value = _split(temperature, device)
     num_rows, vocab = logits.shape
+    lse = lse.to(torch.float64).contiguous()  # callers holding a float32 lse lose nothing more
     _ext.load().logp_backward(
-        device,
-        stream(device),
-        ptr(logits),
-        code,
-        num_rows,
-        vocab,
-        logits.stride(0),
-        ptr(grad),
-        grad.stride(0),
-        ptr(tokens),
-        ptr(g_logp),
-        ptr(g_entropy),
-        ptr(lse),
-        ptr(entropy),
-        temp_value,
-        ptr(temp),
-        int(ignore_index),
-        int(col_offset),
-        int(vocab_total),
+        device=device,
+        stream=stream(device),
+        logits=ptr(logits),
+        dtype=code,
+        M=num_rows,
+        V=vocab,
+        row_stride=logits.stride(0),
+        grad=ptr(grad),
+        grad_dtype=dtype_code("grad", grad),
+        grad_row_stride=grad.stride(0),
+        tokens=ptr(tokens),
+        g_logp=ptr(g_logp),
+        g_ent=ptr(g_entropy),
+        lse=ptr(lse),
+        entropy=ptr(entropy),
+        temperature=temp_value,
+        temp_rows=ptr(temp),
+        ignore_index=int(ignore_index),
+        col_offset=int(col_offset),
+        vocab_total=int(vocab_total),
     )
 
 
@@ -155,9 +164,15 @@ def _per_row(values: Tensor | None, rows: Tensor, num_rows: int, accumulate: boo
 
 
 def _scatter(values: Tensor, rows: Tensor, num_rows: int, accumulate: bool) -> Tensor:
-    full = torch.zeros(num_rows, dtype=torch.float32, device=values.device)
-    values = values.to(torch.float32)
-    return full.index_add_(0, rows, values) if accumulate else full.index_copy_(0, rows, values)
+    """Per-selected-row values as per-logits-row ones (zeros elsewhere). With `accumulate`
+    a repeated row gets the sum; without, repeats carry equal values (one forward row).
+    Rows outside [0, num_rows) land in a sink past the end and are dropped."""
+    sink = torch.where((rows >= 0) & (rows < num_rows), rows, num_rows)
+    dtype = torch.float64 if values.dtype == torch.float64 else torch.float32
+    full = torch.zeros(num_rows + 1, dtype=dtype, device=values.device)
+    values = values.to(dtype)
+    full = full.index_add_(0, sink, values) if accumulate else full.index_copy_(0, sink, values)
+    return full[:num_rows]
 
 
 def backward(
@@ -187,7 +202,6 @@ def backward(
         g_ent = _per_row(g_ent, rows, num_rows, True)
         lse = _scatter(lse, rows, num_rows, False)
         entropy = _per_row(entropy, rows, num_rows, False)
-    lse = lse.to(torch.float32).contiguous()
     if entropy is not None:
         entropy = entropy.to(torch.float32).contiguous()
     if g_ent is not None and entropy is None:
@@ -198,3 +212,40 @@ def backward(
             grad, unit, tokens, g_logp, g_ent, lse, entropy, temperature, ignore_index, 0, vocab
         )
     return grad
+
+
+def _entropy_tokens(logits: Tensor, mask: Tensor | None) -> tuple[Tensor | None, int]:
+    """Token codes for the logp kernels' entropy-only use, and the ignore_index they use:
+    none without a mask (statistics only), else 0 where a row counts and -1 where masked
+    (skipped: zero entropy and gradient, the row never read)."""
+    if mask is None:
+        return None, -1
+    return torch.where(mask, 0, -1), -1
+
+
+def entropy_forward(
+    logits: Tensor, temperature: Temperature, mask: Tensor | None, rows: Tensor | None,
+    out: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """Entropy of softmax(logits / T) per row through the forward kernel, without logp."""
+    count = logits.shape[0] if rows is None else rows.shape[0]
+    device = logits.device
+    entropy = f32_empty(count, device=device) if out is None else out
+    lse = torch.empty(count, dtype=torch.float64, device=device)
+    if count > 0:
+        tokens, skip = _entropy_tokens(logits, mask)
+        launch_forward(logits, tokens, temperature, skip, rows, None, entropy, lse, None)
+    return entropy, lse
+
+
+def entropy_backward(
+    grad_entropy: Tensor, logits: Tensor, temperature: Temperature, mask: Tensor | None,
+    rows: Tensor | None, lse: Tensor, entropy: Tensor, inplace: bool,
+) -> Tensor:
+    """Gradient of sum(grad_entropy * entropy) w.r.t. logits, through the logp backward."""
+    tokens, skip = _entropy_tokens(logits, mask)
+    if tokens is None:
+        tokens = torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device)
+    no_logp = torch.zeros_like(grad_entropy, dtype=torch.float32)
+    return backward(no_logp, grad_entropy, logits, tokens, temperature, skip, rows, lse, entropy,
+                    inplace)

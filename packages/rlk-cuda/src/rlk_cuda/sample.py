@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlk_cuda import _ext
-from rlk_cuda._launch import device_of, dtype_code, f32_empty, ptr, rows_major, same_device, stream
-from rlk_cuda.logp import launch_forward
+from . import _ext
+from ._launch import device_of, dtype_code, f32_empty, ptr, rows_major, same_device, stream
+from .logp import launch_forward
 
 
 def sample(
@@ -36,21 +36,21 @@ def sample(
     )
     seeds = seeds.to(torch.int64).contiguous()
     _ext.load().sample(
-        device,
-        stream(device),
-        ptr(logits),
-        code,
-        batch,
-        vocab,
-        logits.stride(0),
-        float(temperature),
-        int(top_k),
-        float(top_p),
-        float(min_p),
-        ptr(seeds),
-        ptr(stats),
-        ptr(tokens),
-        ptr(logp),
-        ptr(processed),
+        device=device,
+        stream=stream(device),
+        logits=ptr(logits),
+        dtype=code,
+        B=batch,
+        V=vocab,
+        row_stride=logits.stride(0),
+        temperature=float(temperature),
+        top_k=int(top_k),
+        top_p=float(top_p),
+        min_p=float(min_p),
+        seeds=ptr(seeds),
+        stats=ptr(stats),
+        tokens=ptr(tokens),
+        logp=ptr(logp),
+        processed_logp=ptr(processed),
     )
     return tokens, logp, processed

@@ -28,7 +28,9 @@ __device__ __forceinline__ void acc_fold(RowAcc& r, const RowAcc& p, float sc, b
   const float d = (p.m - r.m) * sc, f = exp2f(d);
   const float full = p.s + 1.f;
   r.s = fmaf(full, f, r.s);
-  if (ENT) r.w = fmaf(f, fmaf(d, full, p.w), r.w);
+  // f * d, not d alone: at a tiny temperature d is -inf and f is 0, and p's share of the
+  // entropy sum must vanish (0), not become 0 * -inf = NaN
+  if (ENT) r.w = fmaf(f * fmaxf(d, -FLT_MAX), full, fmaf(f, p.w, r.w));
 }
 
 template <bool ENT, int N>

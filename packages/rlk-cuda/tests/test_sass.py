@@ -107,13 +107,17 @@ def test_float16_kernels_match_their_bfloat16_twins(kernels: dict[str, collectio
         if _count(half, "I2F") > _count(brain, "I2F"):
             problems.append(f"{label}: {_count(half, 'I2F')} integer-to-float conversions, "
                             f"bfloat16 has {_count(brain, 'I2F')}")
-        if _count(half, "BRA") > _count(brain, "BRA"):
+        # the software conversion this guards against tripled the branches (222 against 72 in
+        # logp_fwd_partial); the two hardware conversions may schedule a few differently
+        if _count(half, "BRA") > 1.1 * _count(brain, "BRA"):
             problems.append(f"{label}: {_count(half, 'BRA')} branches, "
                             f"bfloat16 has {_count(brain, 'BRA')}")
         size = (sum(half.values()), sum(brain.values()))
         if size[0] > 1.05 * size[1]:
             problems.append(f"{label}: {size[0]} instructions, bfloat16 has {size[1]}")
-        reads_halves = label.startswith(("logp_fwd", "cols_partial", "sample", "logp_bwd"))
+        # logp_bwd_kernel<float, f16>: float32 logits in (the linear ops), halves only out
+        reads_halves = (label.startswith(("logp_fwd", "cols_partial", "sample", "logp_bwd"))
+                        and "kernelIf" not in f16)
         if reads_halves and _count(half, "HADD2.F32") == 0:
             problems.append(f"{label}: no hardware half-to-float conversion (HADD2.F32)")
     assert not problems, "\n".join(problems)

@@ -51,8 +51,11 @@ class FakeFlashInfer:
                 enable_pdl: bool | None = None) -> torch.Tensor:
         self._log("softmax", logits.clone(), temperature=temperature)
         _require_contiguous(logits)
-        scaled = logits.double() / (1.0 if temperature is None else temperature)
-        return torch.softmax(scaled, dim=-1).float()
+        # FlashInfer multiplies by 1/T in float32 (OnlineSoftmax kernels), which can overflow
+        inv_temp = torch.tensor(1.0 if temperature is None else 1.0 / temperature,
+                                dtype=torch.float32)
+        scaled = logits.float() * inv_temp
+        return torch.softmax(scaled.double(), dim=-1).float()
 
     def top_k_renorm_probs(self, probs: torch.Tensor, top_k: int) -> torch.Tensor:
         self._log("top_k_renorm_probs", top_k=top_k)

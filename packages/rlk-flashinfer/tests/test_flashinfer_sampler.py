@@ -143,6 +143,21 @@ def test_greedy_never_calls_flashinfer(fake: FakeFlashInfer):
     assert torch.equal(processed, torch.zeros(6))
 
 
+def test_a_temperature_that_overflows_flashinfers_scaling_samples_the_maximum(
+        fake: FakeFlashInfer):
+    """logits / 2**-126 overflows float32 in FlashInfer's softmax: rows are shifted by their
+    maximum first, so the draw sees weights of 1 (the maxima) and 0, never NaN."""
+    logits = _logits(6, 3000)
+    logits[2, 7] = logits[2, 9] = logits[2].max() + 1  # a tie at the top: either may come
+    tokens, logp, processed = sample(logits, 2.0**-126, 0, 1.0, 0.0, _seeds(6))
+    top = logits.argmax(-1)
+    assert torch.equal(tokens[[0, 1, 3, 4, 5]], top[[0, 1, 3, 4, 5]])
+    assert int(tokens[2]) in (7, 9)
+    assert torch.equal(logp, rlk.logp(logits, tokens, temperature=2.0**-126))
+    assert torch.equal(processed[[0, 1, 3, 4, 5]], torch.zeros(5))
+    assert processed[2] == pytest.approx(-math.log(2.0))
+
+
 # --- temperature applied once -------------------------------------------------------------
 
 

@@ -26,7 +26,9 @@ def pick(weights: Tensor, u: Tensor) -> Tensor:
     cumulative = units.cumsum(-1)
     last = cumulative[:, -1]
     target = torch.minimum((u * last.double()).floor().to(torch.int64), last - 1)
-    return torch.searchsorted(cumulative, target[:, None], right=True)[:, 0]
+    index = torch.searchsorted(cumulative, target[:, None], right=True)[:, 0]
+    # an index never leaves the row, whatever the weights (NaN ones make the sums garbage)
+    return index.clamp(0, weights.shape[-1] - 1)
 
 
 def draw(weights: Tensor, uniforms: Tensor) -> tuple[Tensor, Tensor]:

@@ -19,8 +19,7 @@ import torch
 from rlk.integrations import UnsupportedOptionError
 from rlk.integrations import trl as rlk_trl
 
-from .conftest import require
-from .tiny_lm import save_tiny_qwen2
+from .conftest import example, require
 
 trl = require("trl")
 transformers = require("transformers")
@@ -35,7 +34,7 @@ PROMPTS = ["1+2=", "3+4=", "5+5=", "9+1=", "2+7=", "8+8="]
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_qwen2(tmp_path_factory.mktemp("tiny-qwen2"))
+    return example().save_tiny_qwen2(tmp_path_factory.mktemp("tiny-qwen2"))
 
 
 def digits_reward(completions: list[str], **_: Any) -> list[float]:
@@ -59,7 +58,8 @@ def run_grpo(model_dir: Path, tmp_path: Path, **options: Any) -> dict[str, Any]:
     settings: dict[str, Any] = dict(
         output_dir=str(tmp_path / "out"), per_device_train_batch_size=4,
         gradient_accumulation_steps=2, num_generations=4, max_completion_length=6,
-        num_iterations=2, max_steps=STEPS, learning_rate=2.0, optim="sgd", lr_scheduler_type="constant",
+        num_iterations=2, max_steps=STEPS, learning_rate=2.0, optim="sgd",
+        lr_scheduler_type="constant",
         logging_steps=1, report_to=[], use_cpu=True, seed=7, save_strategy="no",
         disable_tqdm=True, bf16=False)
     settings.update(options)
@@ -108,7 +108,8 @@ def test_grpo_trainer_matches_trl(model_dir: Path, tmp_path: Path, options: dict
     # the runs moved the policy: a ratio away from 1 is what the clip terms are about
     assert any(entry["clip_ratio/region_mean"] > 0 for entry in expected["logs"])
     logged = {key for key in LOGGED if key in got["logs"][0]}
-    dropped = {"clip_ratio/region_mean"} if options["importance_sampling_level"] == "sequence" else set()
+    sequence_level = options["importance_sampling_level"] == "sequence"
+    dropped = {"clip_ratio/region_mean"} if sequence_level else set()
     assert logged == {key for key in LOGGED if key in expected["logs"][0]} - dropped
 
 
@@ -118,7 +119,8 @@ REFUSED = [
     pytest.param(dict(loss_type="cispo"), "loss_type='cispo'", id="cispo"),
     pytest.param(dict(loss_type="sapo"), "loss_type='sapo'", id="sapo"),
     pytest.param(dict(loss_type="vespo"), "loss_type='vespo'", id="vespo"),
-    pytest.param(dict(loss_type="grpo", beta=0.04), "use_bias_correction_kl", id="bias-corrected-kl"),
+    pytest.param(dict(loss_type="grpo", beta=0.04), "use_bias_correction_kl",
+                 id="bias-corrected-kl"),
     pytest.param(dict(loss_type="grpo", mask_truncated_completions=True), "masked completions",
                  id="grpo-masked-truncated"),
     pytest.param(dict(loss_type="bnpo", top_entropy_quantile=0.5), "top_entropy_quantile",

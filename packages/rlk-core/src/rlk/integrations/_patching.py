@@ -51,10 +51,16 @@ def check_version(distribution: str, low: Version, high: Version, tested: str) -
 
 @dataclass
 class _Swap:
-    owner: Any
+    owner: Any  # a module or class (attribute `name`) or a registry dict (key `name`)
     name: str
     original: Any
     replacement: Any
+
+    def put(self, value: Any) -> None:
+        if isinstance(self.owner, dict):
+            self.owner[self.name] = value
+        else:
+            setattr(self.owner, self.name, value)
 
 
 class Patches:
@@ -66,9 +72,15 @@ class Patches:
 
     def swap(self, owner: Any, name: str, replacement: Any) -> None:
         """Replace `owner.name`, keeping the raw attribute (a staticmethod stays one)."""
-        original = vars(owner)[name]
-        self._swaps.append(_Swap(owner, name, original, replacement))
-        setattr(owner, name, replacement)
+        self._record(_Swap(owner, name, vars(owner)[name], replacement))
+
+    def swap_entry(self, registry: dict[str, Any], key: str, replacement: Any) -> None:
+        """Replace one entry of a framework's name -> function registry."""
+        self._record(_Swap(registry, key, registry[key], replacement))
+
+    def _record(self, swap: _Swap) -> None:
+        self._swaps.append(swap)
+        swap.put(swap.replacement)
 
     def swap_everywhere(self, home: Any, name: str, replacement: Any) -> None:
         """Replace `home.name` and every binding of the same object in the package's modules."""
@@ -79,7 +91,7 @@ class Patches:
 
     def restore(self) -> None:
         for swap in reversed(self._swaps):
-            setattr(swap.owner, swap.name, swap.original)
+            swap.put(swap.original)
             if swap.owner is sys.modules.get(getattr(swap.owner, "__name__", "")):
                 self._rebind_late_imports(swap)
         self._swaps.clear()

@@ -113,8 +113,11 @@ def test_out_of_range_token_gives_nan_and_check_inputs_raises(fresh_rlk):
     [
         ({"hidden": torch.zeros(4, 8, dtype=torch.int32)}, TypeError, "hidden must have dtype"),
         ({"weight": torch.zeros(30, 9)}, ValueError, r"weight must be \[V, 16\]"),
-        ({"weight": torch.zeros(30, 16, dtype=torch.float16)}, TypeError,
-         "weight must have the dtype of hidden"),
+        ({"weight": torch.zeros(30, 16, dtype=torch.float16),
+          "bias": torch.zeros(30, dtype=torch.bfloat16)}, TypeError,
+         "hidden, weight and bias mix bfloat16, float16, float32"),
+        ({"softcap": 0.0}, ValueError, "softcap must be finite and > 0"),
+        ({"logit_scale": float("inf")}, ValueError, "logit_scale must be finite and > 0"),
         ({"tokens": torch.zeros(5, dtype=torch.int64)}, ValueError,
          r"tokens must have shape \(4,\)"),
         ({"tokens": torch.zeros(4)}, TypeError, "tokens must have dtype int32, int64"),
@@ -157,4 +160,127 @@ def test_opcheck_with_per_row_temperature_and_grad_of_all_three():
     temperature = torch.rand(5, generator=GEN) + 0.5
     h, w, b = _leaves(hidden, weight, bias)
     torch.library.opcheck(torch.ops.rlk.linear_logp_entropy.default,
-                          (h, w, tokens, b, temperature, 1.0, -100, ""))
+                          (h, w, tokens, b, temperature, 1.0, -100, "", 2.0))
+
+
+def _head(rows: int, width: int, vocab: int, dtype: torch.dtype, logit_std: float = 2.0):
+    """Inputs whose logits have standard deviation about `logit_std`."""
+    hidden = torch.randn(rows, width, generator=GEN).to(dtype)
+    weight = (torch.randn(vocab, width, generator=GEN) * logit_std / width**0.5).to(dtype)
+    return hidden, weight, torch.randint(0, vocab, (rows,), generator=GEN)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_reduced_precision_logits_are_float32(dtype, temperature):
+    """Issue #16: bf16 logits chunks put logp 0.013 off float64 here; float32 ones 1e-4."""
+    hidden, weight, tokens = _head(64, 256, 4096, dtype)
+    logp, entropy = rlk.linear_logp_entropy(hidden, weight, tokens, temperature=temperature)
+    want_logp, want_entropy = reference.linear_logp_entropy(hidden, weight, tokens,
+                                                            temperature=temperature)
+    assert (logp.double() - want_logp).abs().max() < 1e-4
+    assert (entropy.double() - want_entropy).abs().max() < 1e-4
+
+
+def test_bfloat16_hidden_with_float32_weight_under_autocast_runs_in_bfloat16():
+    """Trainers under autocast pass a bf16 hidden state and the fp32 lm_head weight."""
+    hidden, weight, tokens = _head(12, 32, 50, torch.float32)
+    h = hidden.to(torch.bfloat16).requires_grad_(True)
+    w = weight.clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logp, entropy = rlk.linear_logp_entropy(h, w, tokens)
+    (logp.sum() + entropy.sum()).backward()
+    bf16_weight = weight.to(torch.bfloat16)
+    want = reference.linear_logp_entropy(h.detach(), bf16_weight, tokens)
+    _close(logp, want[0], atol=2e-5)
+    _close(entropy, want[1], atol=2e-5)
+    assert w.grad.dtype == torch.float32 and h.grad.dtype == torch.bfloat16
+    want_grad = reference.linear_logp_entropy_grad(h.detach(), bf16_weight, tokens,
+                                                   torch.ones(12), torch.ones(12))
+    _close(w.grad, want_grad[1], atol=1e-2, rtol=1e-2)  # the bf16 weight gradient, upcast
+    _close(h.grad, want_grad[0], atol=1e-2, rtol=1e-2)
+
+
+def test_mixed_dtypes_outside_autocast_run_in_the_reduced_one():
+    hidden, weight, tokens = _head(10, 16, 40, torch.float32)
+    mixed = rlk.linear_logp(hidden.to(torch.bfloat16), weight, tokens)
+    assert torch.equal(mixed, rlk.linear_logp(hidden.to(torch.bfloat16),
+                                              weight.to(torch.bfloat16), tokens))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast decides even for fp32 inputs
+        assert torch.equal(rlk.linear_logp(hidden, weight, tokens), mixed)
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_softcap_and_logit_scale_match_the_reference_with_gradients(per_row):
+    hidden, weight, tokens, bias = _data(9, width=16, vocab=70)
+    tokens[4] = -100
+    temperature = torch.rand(9, generator=GEN) + 0.5 if per_row else 0.8
+    h, w, b = _leaves(hidden, weight, bias)
+    options = {"softcap": 1.7, "logit_scale": 0.6}
+    logp, entropy = rlk.linear_logp_entropy(h, w, tokens, bias=b, temperature=temperature,
+                                            **options)
+    want = reference.linear_logp_entropy(hidden, weight, tokens, bias=bias,
+                                         temperature=temperature, **options)
+    _close(logp, want[0])
+    _close(entropy, want[1])
+    grad_logp, grad_entropy = torch.randn(9, generator=GEN), torch.randn(9, generator=GEN)
+    torch.autograd.backward((logp, entropy), (grad_logp, grad_entropy))
+    want_grads = reference.linear_logp_entropy_grad(hidden, weight, tokens, grad_logp,
+                                                    grad_entropy, bias=bias,
+                                                    temperature=temperature, **options)
+    for got, expected in zip((h.grad, w.grad, b.grad), want_grads, strict=True):
+        _close(got, expected)
+
+
+def test_softcap_bounds_the_logits():
+    """Capped at 0.5, no token can be likelier than e^1 times another."""
+    hidden, weight, tokens = _head(6, 16, 30, torch.float32, logit_std=20.0)
+    logp = rlk.linear_logp(hidden, weight, tokens, softcap=0.5)
+    assert (logp >= -torch.log(torch.tensor(30.0)) - 1.0).all()
+
+
+def test_nan_hidden_state_in_an_ignored_row_gives_no_gradient():
+    """Issue #19 item 7: 0 * NaN in the weight gradient made all of grad_weight NaN."""
+    hidden, weight, tokens, bias = _data(6, width=8, vocab=20)
+    tokens[2] = -100
+    hidden[2] = float("nan")
+    w, b = _leaves(weight, bias)
+    grad_logp = torch.randn(6, generator=GEN)
+    (rlk.linear_logp(hidden, w, tokens, bias=b) * grad_logp).sum().backward()
+    clean = hidden.clone()
+    clean[2] = 0.0
+    want = reference.linear_logp_entropy_grad(clean, weight, tokens, grad_logp, None, bias=bias)
+    _close(w.grad, want[1])
+    _close(b.grad, want[2])
+
+
+def test_zero_width_hidden_gives_the_bias_softmax():
+    """Issue #19 item 12: H = 0 raised a raw reshape error; the logits are the bias."""
+    tokens = torch.tensor([0, 3, -100])
+    bias = torch.randn(5, generator=GEN)
+    h, w, b = _leaves(torch.zeros(3, 0), torch.zeros(5, 0), bias)
+    logp = rlk.linear_logp(h, w, tokens, bias=b)
+    want = torch.log_softmax(bias.double(), 0)[torch.tensor([0, 3])]
+    _close(logp[:2], want)
+    assert logp[2] == 0
+    logp.sum().backward()
+    assert h.grad.shape == (3, 0) and w.grad.shape == (5, 0)
+    _close(b.grad, reference.linear_logp_entropy_grad(
+        torch.zeros(3, 0), torch.zeros(5, 0), tokens, torch.ones(3), None, bias=bias)[2])
+
+
+def test_torch_compile_with_softcap_under_autocast():
+    hidden, weight, tokens = _head(8, 16, 40, torch.float32)
+
+    def loss(h, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return rlk.linear_logp(h, w, tokens, softcap=5.0, logit_scale=2.0).sum()
+
+    eager_leaves, compiled_leaves = _leaves(hidden, weight), _leaves(hidden, weight)
+    eager_value = loss(*eager_leaves)
+    eager_value.backward()
+    compiled_value = torch.compile(loss, fullgraph=True)(*compiled_leaves)
+    compiled_value.backward()
+    _close(compiled_value, eager_value)
+    for eager_leaf, compiled_leaf in zip(eager_leaves, compiled_leaves, strict=True):
+        _close(compiled_leaf.grad, eager_leaf.grad)

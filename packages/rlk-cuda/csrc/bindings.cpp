@@ -69,7 +69,8 @@ NB_MODULE(_C, m) {
 
   m.def("logp_backward",
         [](int device, uintptr_t stream, uintptr_t logits, int dtype, int64_t M, int64_t V,
-           int64_t row_stride, uintptr_t grad, int64_t grad_row_stride, uintptr_t tokens,
+           int64_t row_stride, uintptr_t grad, int grad_dtype, int64_t grad_row_stride,
+           uintptr_t tokens,
            uintptr_t g_logp, uintptr_t g_ent, uintptr_t lse, uintptr_t entropy, float temperature,
            uintptr_t temp_rows, int64_t ignore_index, int64_t col_offset, int64_t vocab_total) {
           if (M > 0 && V > 0) {
@@ -81,7 +82,8 @@ NB_MODULE(_C, m) {
           }
           prepare(device);
           rlk::LogpBwdArgs a{ptr<const void>(logits), dtype, M, V, row_stride, ptr<void>(grad),
-                             grad_row_stride, ptr<const int64_t>(tokens), ptr<const float>(g_logp),
+                             grad_dtype, grad_row_stride, ptr<const int64_t>(tokens),
+                             ptr<const float>(g_logp),
                              ptr<const float>(g_ent), ptr<const float>(lse),
                              ptr<const float>(entropy), temperature, ptr<const float>(temp_rows),
                              ignore_index, col_offset, vocab_total};
@@ -113,6 +115,18 @@ NB_MODULE(_C, m) {
                               ptr<float>(entropy), ptr<float>(lse)};
           void* s = reinterpret_cast<void*>(stream);
           check(phase == 0 ? rlk::logp_cols_partial(a, s) : rlk::logp_cols_merge(a, s));
+        });
+
+  // Soft cap of a float32 logits chunk in place (grad 0), or its chain rule into grad.
+  m.def("soft_cap",
+        [](int device, uintptr_t stream, uintptr_t logits, int64_t N, int64_t C,
+           int64_t row_stride, float softcap, uintptr_t grad, int grad_dtype,
+           int64_t grad_row_stride) {
+          if (N > 0 && C > 0) require(logits, "logits");
+          prepare(device);
+          rlk::SoftCapArgs a{ptr<float>(logits), N, C, row_stride, softcap, ptr<void>(grad),
+                             grad_dtype, grad_row_stride};
+          check(rlk::soft_cap(a, reinterpret_cast<void*>(stream)));
         });
 
   m.attr("GROUP_ADVANTAGES_CHUNK") = rlk::kGroupAdvChunk;

@@ -87,10 +87,25 @@ __global__ void logp_fwd_merge_kernel(LogpFwdArgs a) {
   finish_row(a, i, p, ri.tok, r, ri.inv_t);
 }
 
+// W gradient values stored as O at dst: one 16-byte store, or one 8-byte store when O is half
+// the width of the logits' type (float32 logits, bf16/fp16 gradient).
+template <typename O, int W>
+__device__ __forceinline__ void store_grad(O* dst, const float (&x)[W]) {
+  if constexpr (sizeof(O) * W == 16) {
+    store_stream(reinterpret_cast<uint4*>(dst), pack<O>(x));
+  } else {
+    static_assert(sizeof(O) * W == 8, "a gradient vector is 8 or 16 bytes");
+    O v[W];
+#pragma unroll
+    for (int k = 0; k < W; ++k) v[k] = from_float<O>(x[k]);
+    *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(v);
+  }
+}
+
 // Gradient of a row, written in one pass: (g*(onehot - p) - ge*p*(t + H)) / T with
 // t = x/T - lse, p = exp(t). Rows with no upstream gradient (or ignored) get zeros without
-// reading the logits; an out-of-range token gives NaN.
-template <typename T, int THREADS, bool ENT>
+// reading the logits; an out-of-range token gives NaN. Logits T, gradient O (T or narrower).
+template <typename T, typename O, int THREADS, bool ENT>
 __global__ void __launch_bounds__(THREADS) logp_bwd_kernel(LogpBwdArgs a) {
   constexpr int W = VecWidth<T>::value;
   const int64_t row = blockIdx.x;
@@ -99,7 +114,7 @@ __global__ void __launch_bounds__(THREADS) logp_bwd_kernel(LogpBwdArgs a) {
   const float g = a.g_logp[row];
   const float ge = ENT ? a.g_ent[row] : 0.f;
   const T* p = static_cast<const T*>(a.logits) + row * a.row_stride;
-  T* o = static_cast<T*>(a.grad) + row * a.grad_row_stride;
+  O* o = static_cast<O*>(a.grad) + row * a.grad_row_stride;
   int mode = 2;  // 0 zeros, 1 NaN, 2 compute
   if (tok == a.ignore_index || (g == 0.f && ge == 0.f)) mode = 0;
   else if (tok < 0 || tok >= a.vocab_total) mode = 1;
@@ -122,18 +137,18 @@ __global__ void __launch_bounds__(THREADS) logp_bwd_kernel(LogpBwdArgs a) {
   };
   const int64_t V = a.V;
   const int64_t h_in = head_elems(p, V);
-  const int64_t h_out = head_elems<T>(o, V);
   const int seg = blockIdx.y, nseg = gridDim.y;
-  if (h_in != h_out) {  // input and output disagree on alignment: scalar path, one block
+  if (reinterpret_cast<uintptr_t>(o + h_in) % (sizeof(O) * W) != 0) {
+    // input and output disagree on alignment: scalar path, one block
     if (seg != 0) return;
     for (int64_t j = tid; j < V; j += THREADS) {
       const float x = mode == 2 ? to_float(p[j]) : 0.f;
-      o[j] = from_float<T>(grad_of(j, x));
+      o[j] = from_float<O>(grad_of(j, x));
     }
     return;
   }
   if (seg == 0 && tid < h_in)
-    o[tid] = from_float<T>(grad_of(tid, mode == 2 ? to_float(p[tid]) : 0.f));
+    o[tid] = from_float<O>(grad_of(tid, mode == 2 ? to_float(p[tid]) : 0.f));
   const int64_t nv_all = (V - h_in) / W;
   // Segment `seg` of the row's vectors: rows split into fixed-size pieces (by V only) so the
   // grid has many short blocks and the last wave is short.
@@ -143,7 +158,7 @@ __global__ void __launch_bounds__(THREADS) logp_bwd_kernel(LogpBwdArgs a) {
   const int64_t v0 = seg * per;
   const int64_t nv = v0 + per < nv_all ? v0 + per : nv_all;
   const uint4* v4 = reinterpret_cast<const uint4*>(p + h_in);
-  uint4* o4 = reinterpret_cast<uint4*>(o + h_in);
+  O* ov = o + h_in;
   // One 16-byte vector: the token test is one 32-bit compare per element.
   auto vec = [&](const uint4& r, int64_t j) {
     float x[W];
@@ -162,7 +177,7 @@ __global__ void __launch_bounds__(THREADS) logp_bwd_kernel(LogpBwdArgs a) {
 #pragma unroll
       for (int k = 0; k < W; ++k) x[k] = fill;
     }
-    store_stream(o4 + j, pack<T>(x));
+    store_grad<O, W>(ov + j * W, x);
   };
   int64_t j = v0 + tid;
   for (; j + (U - 1) * THREADS < nv; j += U * THREADS) {
@@ -180,7 +195,7 @@ __global__ void __launch_bounds__(THREADS) logp_bwd_kernel(LogpBwdArgs a) {
     vec(r, j);
   }
   const int64_t t = h_in + nv_all * W + tid;
-  if (seg == nseg - 1 && t < V) o[t] = from_float<T>(grad_of(t, mode == 2 ? to_float(p[t]) : 0.f));
+  if (seg == nseg - 1 && t < V) o[t] = from_float<O>(grad_of(t, mode == 2 ? to_float(p[t]) : 0.f));
 }
 
 const char* last_error() {
@@ -225,19 +240,19 @@ void launch_fwd_sized(const LogpFwdArgs& a, rlkStream_t s) {
 constexpr int64_t kBwdWholeRow = 65536;
 constexpr int64_t kBwdSegment = 16384;
 
-template <typename T, int THREADS>
+template <typename T, typename O, int THREADS>
 void launch_bwd(const LogpBwdArgs& a, unsigned nseg, rlkStream_t s) {
   const dim3 grid(static_cast<unsigned>(a.M), nseg);
-  if (a.g_ent) logp_bwd_kernel<T, THREADS, true><<<grid, THREADS, 0, s>>>(a);
-  else logp_bwd_kernel<T, THREADS, false><<<grid, THREADS, 0, s>>>(a);
+  if (a.g_ent) logp_bwd_kernel<T, O, THREADS, true><<<grid, THREADS, 0, s>>>(a);
+  else logp_bwd_kernel<T, O, THREADS, false><<<grid, THREADS, 0, s>>>(a);
 }
 
-template <typename T>
+template <typename T, typename O = T>
 void launch_bwd_sized(const LogpBwdArgs& a, rlkStream_t s) {
-  if (a.V >= kBwdWholeRow) return launch_bwd<T, 512>(a, 1, s);
+  if (a.V >= kBwdWholeRow) return launch_bwd<T, O, 512>(a, 1, s);
   const unsigned nseg = static_cast<unsigned>((a.V + kBwdSegment - 1) / kBwdSegment);
-  if (a.V >= 2048) launch_bwd<T, 256>(a, nseg, s);
-  else launch_bwd<T, 128>(a, nseg, s);
+  if (a.V >= 2048) launch_bwd<T, O, 256>(a, nseg, s);
+  else launch_bwd<T, O, 128>(a, nseg, s);
 }
 
 }  // namespace
@@ -280,6 +295,15 @@ const char* logp_backward(const LogpBwdArgs& a, void* stream) {
   if (a.M == 0 || a.V == 0) return nullptr;
   if (a.M > 0x7fffffffLL) return "logp_backward: too many rows for one launch";
   if (a.g_ent && !a.entropy) return "logp_backward: grad_entropy needs the forward entropy";
+  if (a.grad_dtype != a.dtype) {  // float32 logits, gradient in the GEMM input dtype
+    if (a.dtype != kF32) return "logp_backward: a gradient dtype of its own needs float32 logits";
+    switch (a.grad_dtype) {
+      case kBF16: launch_bwd_sized<float, bf16_t>(a, s); break;
+      case kF16: launch_bwd_sized<float, f16_t>(a, s); break;
+      default: return "logp_backward: unsupported gradient dtype code";
+    }
+    return last_error();
+  }
   switch (a.dtype) {
     case kF32: launch_bwd_sized<float>(a, s); break;
     case kBF16: launch_bwd_sized<bf16_t>(a, s); break;

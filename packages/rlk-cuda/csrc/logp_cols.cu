@@ -1,6 +1,7 @@
 // linear_logp forward over vocabulary chunks: each chunk's logits are reduced to partial
 // softmax statistics (and the token's logit, by the chunk that holds it), then one merge pass
-// combines the chunks in order and writes logp, entropy and lse.
+// combines the chunks in order and writes logp, entropy and lse. Also the soft cap of a float32
+// logits chunk and its chain rule (rlk.lm_head's contract), one pass each.
 #include "logp_row.cuh"
 #include "rlk_api.h"
 
@@ -52,6 +53,31 @@ __global__ void cols_merge_kernel(LogpColsArgs a) {
   a.logp[i] = ok ? logp_from_stats(a.tok_logit[i], r.m, inv_t, log_s) : nan;
 }
 
+// Block (row, column block): a grid-stride loop over the row's columns.
+template <typename O, bool CHAIN>
+__global__ void soft_cap_kernel(SoftCapArgs a) {
+  const int64_t i = blockIdx.x;
+  const float inv_cap = 1.0f / a.softcap;
+  float* x = a.logits + i * a.row_stride;
+  O* g = CHAIN ? static_cast<O*>(a.grad) + i * a.grad_row_stride : nullptr;
+  for (int64_t j = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; j < a.C;
+       j += static_cast<int64_t>(gridDim.y) * blockDim.x) {
+    if (CHAIN) {
+      const float v = x[j];
+      g[j] = from_float<O>(to_float(g[j]) * (1.0f - v * v) * inv_cap);
+    } else {
+      x[j] = tanhf(x[j] * inv_cap);
+    }
+  }
+}
+
+template <typename O, bool CHAIN>
+void launch_soft_cap(const SoftCapArgs& a, rlkStream_t s) {
+  const unsigned column_blocks = static_cast<unsigned>(a.C < 65536 ? (a.C + 1023) / 1024 : 64);
+  const dim3 grid(static_cast<unsigned>(a.N), column_blocks);
+  soft_cap_kernel<O, CHAIN><<<grid, 256, 0, s>>>(a);
+}
+
 template <typename T>
 void launch_partial(const LogpColsArgs& a, rlkStream_t s) {
   if (a.entropy) cols_partial_kernel<T, true><<<static_cast<unsigned>(a.N), kThreads, 0, s>>>(a);
@@ -64,6 +90,24 @@ const char* status() {
 }
 
 }  // namespace
+
+const char* soft_cap(const SoftCapArgs& a, void* stream) {
+  if (a.N == 0 || a.C == 0) return nullptr;
+  if (a.N > 0x7fffffffLL) return "soft_cap: too many rows for one launch";
+  if (!(a.softcap > 0.f)) return "soft_cap: softcap must be > 0";
+  const rlkStream_t s = static_cast<rlkStream_t>(stream);
+  if (a.grad == nullptr) {
+    launch_soft_cap<float, false>(a, s);
+    return status();
+  }
+  switch (a.grad_dtype) {
+    case kF32: launch_soft_cap<float, true>(a, s); break;
+    case kBF16: launch_soft_cap<bf16_t, true>(a, s); break;
+    case kF16: launch_soft_cap<f16_t, true>(a, s); break;
+    default: return "soft_cap: unsupported gradient dtype code";
+  }
+  return status();
+}
 
 const char* logp_cols_partial(const LogpColsArgs& a, void* stream) {
   if (a.N == 0 || a.C == 0) return nullptr;

@@ -47,6 +47,18 @@ struct LogpColsArgs {
   float* lse;             // [N] (merge)
 };
 
+// Soft-capping of a float32 logits chunk [N, C] (the linear ops, rlk.lm_head): with grad null,
+// logits become tanh(logits / softcap) in place; else grad (grad_dtype) is multiplied by the
+// slope (1 - x^2) / softcap of those capped logits x, turning d/dx into d/d(raw logits).
+struct SoftCapArgs {
+  float* logits;
+  int64_t N, C, row_stride;
+  float softcap;
+  void* grad;
+  int grad_dtype;
+  int64_t grad_row_stride;
+};
+
 constexpr int64_t kGroupAdvChunk = 2048;  // ids per flag of the ordering check
 struct GroupAdvArgs {
   const float* rewards;     // [N]
@@ -62,7 +74,8 @@ struct LogpBwdArgs {
   const void* logits;     // [M, V] unit column stride
   int dtype;
   int64_t M, V, row_stride;
-  void* grad;             // [M, V] in dtype; may alias logits (same strides)
+  void* grad;             // [M, V] in grad_dtype; may alias logits (same dtype and strides)
+  int grad_dtype;         // dtype, or kBF16/kF16 for float32 logits (the linear ops' GEMM input)
   int64_t grad_row_stride;
   const int64_t* tokens;  // [M]
   const float* g_logp;    // [M]
@@ -129,6 +142,7 @@ const char* logp_forward_tma(const LogpFwdArgs& a, void* stream);
 const char* logp_backward(const LogpBwdArgs& a, void* stream);
 const char* logp_cols_partial(const LogpColsArgs& a, void* stream);
 const char* logp_cols_merge(const LogpColsArgs& a, void* stream);
+const char* soft_cap(const SoftCapArgs& a, void* stream);
 const char* group_advantages(const GroupAdvArgs& a, void* stream);
 const char* sample(const SampleArgs& a, void* stream);
 const char* policy_loss_forward(const PolicyLossArgs& a, void* stream);

@@ -151,11 +151,12 @@ def test_linear_group_on_cpu_tensors_fails_before_any_collective() -> None:
     tokens = torch.zeros(2, dtype=torch.int64)
     group: Any = object()
     with pytest.raises((RuntimeError, ValueError), match="CUDA"):
-        linear.forward(hidden, weight, tokens, None, 1.0, -100, True, group)
+        linear.forward(hidden, weight, tokens, None, 1.0, -100, True, group, None)
     zeros, wanted = torch.zeros(2), (True, True, False)
     with pytest.raises((RuntimeError, ValueError), match="CUDA"):
         linear.backward(
-            zeros, None, hidden, weight, tokens, None, 1.0, -100, group, zeros, None, wanted
+            zeros, None, hidden, weight, tokens, None, 1.0, -100, group, zeros, None, wanted,
+            None,
         )
 
 

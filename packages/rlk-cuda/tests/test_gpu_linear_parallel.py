@@ -74,8 +74,9 @@ def _close(name: str, got: Tensor | None, want: Tensor, tol: float) -> None:
 
 
 def _tolerances(dtype: torch.dtype) -> tuple[float, float]:
-    """(forward, gradient) tolerances: logits are rounded to dtype once, as in test_gpu_linear."""
-    return (1e-4, 1e-4) if dtype == torch.float32 else (2e-2, 3e-2)
+    """(forward, gradient) tolerances: float32 logits; the logits gradient is rounded to dtype
+    once before the GEMMs, as in test_gpu_linear."""
+    return (1e-4, 1e-4) if dtype == torch.float32 else (1e-4, 3e-2)
 
 
 def _check_kernels(
@@ -101,7 +102,8 @@ def _check_kernels(
     shard, shard_bias = weight[lo:hi], None if bias is None else bias[lo:hi]
     with poisoned_allocations():
         logp, entropy, lse = linear.forward(
-            hidden, shard, tokens, shard_bias, temperature, ignore_index, with_entropy, group
+            hidden, shard, tokens, shard_bias, temperature, ignore_index, with_entropy, group,
+            None,
         )
         grads = linear.backward(
             grad_logp,
@@ -116,6 +118,7 @@ def _check_kernels(
             lse,
             entropy,
             (True, True, with_bias),
+            None,
         )
     want_logp, want_entropy = reference.linear_logp_entropy(
         hidden, weight, tokens, bias=bias, temperature=temperature, ignore_index=ignore_index
@@ -154,7 +157,7 @@ def _check_out_of_range(data: dict[str, Tensor], lo: int, hi: int, group: object
     tokens[[7, 8]] = torch.tensor([V, -3], device=tokens.device)
     hidden, weight, temperature = data["hidden"], data["weight"], data["temperature"]
     logp, entropy, _ = linear.forward(
-        hidden, weight[lo:hi], tokens, None, temperature, IGNORE, True, group
+        hidden, weight[lo:hi], tokens, None, temperature, IGNORE, True, group, None
     )
     want_logp, want_entropy = reference.linear_logp_entropy(
         hidden, weight, tokens, temperature=temperature, ignore_index=IGNORE
@@ -207,7 +210,8 @@ def _check_no_rows(data: dict[str, Tensor], lo: int, hi: int, group: object) -> 
     from rlk_cuda import linear
 
     hidden, weight, tokens = data["hidden"][:0], data["weight"][lo:hi], data["tokens"][:0]
-    logp, entropy, lse = linear.forward(hidden, weight, tokens, None, 1.0, IGNORE, True, group)
+    logp, entropy, lse = linear.forward(hidden, weight, tokens, None, 1.0, IGNORE, True, group,
+                                        None)
     assert entropy is not None and logp.shape == entropy.shape == lse.shape == (0,)
     grad_hidden, grad_weight, _ = linear.backward(
         logp,
@@ -222,6 +226,7 @@ def _check_no_rows(data: dict[str, Tensor], lo: int, hi: int, group: object) -> 
         lse,
         entropy,
         (True, True, False),
+        None,
     )
     assert grad_hidden is not None and grad_hidden.shape == (0, H)
     assert grad_weight is not None and bool((grad_weight == 0).all())

@@ -65,6 +65,26 @@ def logp_entropy_grad(
     return grad
 
 
+def lm_head_logits(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    softcap: float | None = None,
+    logit_scale: float = 1.0,
+) -> torch.Tensor:
+    """Float64 logits of an LM head: softcap * tanh(logit_scale * (hidden @ weight.T + bias)
+    / softcap), the scale first (Cohere's logit_scale), then the soft cap (Gemma's
+    final_logit_softcapping), as TRL's ChunkedLogProbFunction applies them."""
+    logits = hidden.to(torch.float64) @ weight.to(torch.float64).t()
+    if bias is not None:
+        logits = logits + bias.to(torch.float64)
+    logits = logits * logit_scale
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    return logits
+
+
 def linear_logp_entropy(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -73,11 +93,11 @@ def linear_logp_entropy(
     bias: torch.Tensor | None = None,
     temperature: float | torch.Tensor = 1.0,
     ignore_index: int = -100,
+    softcap: float | None = None,
+    logit_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`logp_entropy` of the float64 logits hidden @ weight.T + bias."""
-    logits = hidden.to(torch.float64) @ weight.to(torch.float64).t()
-    if bias is not None:
-        logits = logits + bias.to(torch.float64)
+    """`logp_entropy` of the float64 `lm_head_logits`."""
+    logits = lm_head_logits(hidden, weight, bias=bias, softcap=softcap, logit_scale=logit_scale)
     return logp_entropy(logits, tokens, temperature=temperature, ignore_index=ignore_index)
 
 
@@ -91,6 +111,8 @@ def linear_logp_entropy_grad(
     bias: torch.Tensor | None = None,
     temperature: float | torch.Tensor = 1.0,
     ignore_index: int = -100,
+    softcap: float | None = None,
+    logit_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Float64 gradients of sum(grad_logp * logp + grad_entropy * entropy) w.r.t.
     (hidden, weight, bias); the bias gradient is None without a bias."""
@@ -98,7 +120,8 @@ def linear_logp_entropy_grad(
                           for t in (hidden, weight))
     bias64 = None if bias is None else bias.detach().to(torch.float64).requires_grad_(True)
     logp, entropy = linear_logp_entropy(hidden64, weight64, tokens, bias=bias64,
-                                        temperature=temperature, ignore_index=ignore_index)
+                                        temperature=temperature, ignore_index=ignore_index,
+                                        softcap=softcap, logit_scale=logit_scale)
     total = (logp * grad_logp.to(torch.float64)).sum()
     if grad_entropy is not None:
         total = total + (entropy * grad_entropy.to(torch.float64)).sum()

@@ -1,11 +1,14 @@
 """linear_logp / linear_logp_entropy: cuBLAS GEMMs through torch, rlk kernels between them.
 
+Logits chunks are float32 (rlk.lm_head: a float32-output GEMM of the inputs' dtype).
 Forward: vocabulary chunks of `hidden @ weight.T` over all rows, each reduced to partial
 softmax statistics by a kernel that overlaps the next chunk's GEMM, then merged in order.
 Backward: vocabulary chunks over all rows. Each chunk's logits are recomputed, the logp backward
-kernel overwrites them with their gradient, and two GEMMs consume it: grad_hidden accumulates in
-float32 across chunks, and grad_weight[chunk] comes from one GEMM over all rows (float32
-accumulation inside cuBLAS), so no float32 copy of the weight ever exists.
+kernel turns them into their gradient in the GEMM input dtype, and two GEMMs consume it:
+grad_hidden accumulates in float32 across chunks, and grad_weight[chunk] comes from one GEMM over
+all rows (float32 accumulation inside cuBLAS), so no float32 copy of the weight ever exists.
+Soft-capping (rlk.lm_head's contract) adds one in-place pass over each chunk, and one more for
+its chain rule in the backward.
 
 Vocabulary parallelism (group=): `weight` and `bias` are this rank's slice of the vocabulary.
 Both passes run on the shard with the shard-local token codes of rlk.distributed, whose helpers
@@ -14,11 +17,12 @@ merge the forward statistics across ranks; the backward sums grad_hidden (float3
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
 import torch.distributed as dist
-from rlk import distributed
+from rlk import distributed, lm_head
 from torch import Tensor
 
 from rlk_cuda import _ext
@@ -27,10 +31,11 @@ from rlk_cuda.logp import launch_backward
 
 Temperature = float | Tensor
 _DEFAULT_CHUNK_MB = 256
+_ROW_ALIGN = 8  # buffer rows start on 32-byte boundaries: the kernels' 16-byte vectors fit
 
 
 def chunk_bytes() -> int:
-    """Budget of the one logits buffer (RLK_CUDA_CHUNK_MB overrides the 256 MiB default)."""
+    """Budget of the logits buffers (RLK_CUDA_CHUNK_MB overrides the 256 MiB default)."""
     raw = os.environ.get("RLK_CUDA_CHUNK_MB", str(_DEFAULT_CHUNK_MB))
     value = float(raw)
     if value <= 0:
@@ -49,10 +54,26 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return _SIDE_STREAMS[index]
 
 
-def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> Tensor:
-    if bias is None:
-        return torch.mm(hidden, weight.t(), out=out)
-    return torch.addmm(bias, hidden, weight.t(), out=out)
+def padded(width: int) -> int:
+    """A buffer row stride for `width` columns: the next multiple of 8 elements."""
+    return (width + _ROW_ALIGN - 1) // _ROW_ALIGN * _ROW_ALIGN
+
+
+def rows_view(buffer: Tensor, rows: int, width: int) -> Tensor:
+    """[rows, width] of a flat buffer, rows `padded(width)` apart."""
+    return buffer[: rows * padded(width)].view(rows, padded(width))[:, :width]
+
+
+def soft_cap(logits: Tensor, softcap: float | None, grad: Tensor | None = None) -> None:
+    """In place on float32 logits: tanh(x / softcap); with `grad`, its chain rule into grad."""
+    if softcap is None:
+        return
+    device = device_of("logits", logits)
+    _ext.load().soft_cap(
+        device, stream(device), ptr(logits), logits.shape[0], logits.shape[1], logits.stride(0),
+        float(softcap), ptr(grad), 0 if grad is None else dtype_code("grad", grad),
+        0 if grad is None else grad.stride(0),
+    )
 
 
 def forward(
@@ -64,19 +85,22 @@ def forward(
     ignore_index: int,
     with_entropy: bool,
     group: dist.ProcessGroup | None,
+    softcap: float | None,
 ) -> tuple[Tensor, Tensor | None, Tensor]:
-    """logp (and entropy) of tokens under softmax((hidden @ weight.T + bias) / T).
+    """logp (and entropy) of tokens under softmax(capped(hidden @ weight.T + bias) / T).
 
     With `group`, the softmax spans every rank's shard: the shard's statistics (at local token
     codes, never ignored: the merge applies ignore_index to the global tokens) are merged.
     """
     device_of("hidden", hidden)  # before any collective: a CPU call fails here, on every rank
+    temperature = lm_head.kernel_temperature(temperature, softcap)
     if group is None:
-        return _shard_forward(hidden, weight, tokens, bias, temperature, ignore_index, with_entropy)
+        return _shard_forward(hidden, weight, tokens, bias, temperature, ignore_index,
+                              with_entropy, softcap)
     shard = distributed.layout(weight.shape[0], group, hidden.device)
     codes, owned = distributed.forward_tokens(tokens.to(torch.int64), shard)
     picked, entropy, lse = _shard_forward(
-        hidden, weight, codes, bias, temperature, distributed.KERNEL_IGNORE, with_entropy
+        hidden, weight, codes, bias, temperature, distributed.KERNEL_IGNORE, with_entropy, softcap
     )
     return distributed.merge(lse, entropy, picked, owned, tokens, shard, ignore_index, group)
 
@@ -89,8 +113,12 @@ def _shard_forward(
     temperature: Temperature,
     ignore_index: int,
     with_entropy: bool,
+    softcap: float | None,
 ) -> tuple[Tensor, Tensor | None, Tensor]:
-    """(logp, entropy, lse) over the vocabulary `weight` holds; tokens index that vocabulary."""
+    """(logp, entropy, lse) over the vocabulary `weight` holds; tokens index that vocabulary.
+
+    `temperature` is the kernels' (rlk.lm_head.kernel_temperature).
+    """
     num, vocab = hidden.shape[0], weight.shape[0]
     device = hidden.device
     logp = f32_empty(num, device=device)
@@ -99,12 +127,12 @@ def _shard_forward(
     if num == 0:
         return logp, entropy, lse
     index = device_of("hidden", hidden)
-    code = dtype_code("hidden", hidden)
+    operand = lm_head.gemm_weight(weight)
     # Vocabulary chunks over all rows (large GEMMs). Two half-budget buffers: the reduction of
     # one chunk (memory-bound, side stream) runs under the GEMM of the next (caller's stream).
-    width = _chunk_width(num, vocab, hidden.element_size(), 2)
+    width = _chunk_width(num, vocab, 4, 2)
     nchunks = (vocab + width - 1) // width
-    buffers = [torch.empty(num * width, dtype=hidden.dtype, device=device) for _ in range(2)]
+    buffers = [f32_empty(num * padded(width), device=device) for _ in range(2)]
     partial = f32_empty(num * nchunks * 3, device=device)
     tok_logit = f32_empty(num, device=device)
     tokens = tokens.to(torch.int64).contiguous()
@@ -126,10 +154,10 @@ def _shard_forward(
             index,
             stream(index),
             ptr(logits),
-            code,
+            0,  # float32 logits
             num,
             width_here,
-            width_here,
+            0 if logits is None else logits.stride(0),
             start,
             vocab,
             ptr(tokens),
@@ -151,9 +179,10 @@ def _shard_forward(
         event = free[slot]
         if event is not None:
             main.wait_event(event)
-        view = buffers[slot][: num * (stop - start)].view(num, stop - start)
         b = None if bias is None else bias[start:stop]
-        logits = _logits(hidden, weight[start:stop], b, view)
+        logits = lm_head.float32_logits(hidden, operand[start:stop], b,
+                                        out=rows_view(buffers[slot], num, stop - start))
+        soft_cap(logits, softcap)
         side.wait_event(main.record_event())
         with torch.cuda.stream(side):
             cols(0, logits, start, chunk)
@@ -164,18 +193,36 @@ def _shard_forward(
     return logp, entropy, lse
 
 
-def _chunk_width(num: int, vocab: int, element_size: int, buffers: int) -> int:
-    """Vocabulary columns per chunk so that `buffers` [num, width] buffers fit the budget."""
-    width = chunk_bytes() // buffers // (max(num, 1) * element_size)
+def _chunk_width(num: int, vocab: int, bytes_per_column: int, buffers: int) -> int:
+    """Vocabulary columns per chunk so that `buffers` chunks of `bytes_per_column` bytes per
+    row and column fit the budget; a multiple of 128."""
+    width = chunk_bytes() // buffers // (max(num, 1) * bytes_per_column)
     return max(128, min(vocab, (width // 128) * 128 or 128))
 
 
-def _accumulate_grad_hidden(acc: Tensor, grad_logits: Tensor, weight: Tensor) -> None:
-    """acc += grad_logits @ weight in float32 (a float32-output GEMM when torch has one)."""
-    try:
-        torch.addmm(acc, grad_logits, weight, out_dtype=torch.float32, out=acc)
-    except (TypeError, RuntimeError, NotImplementedError):
-        acc.add_(torch.mm(grad_logits, weight))
+@functools.cache
+def _accumulating_float32_gemm() -> bool:
+    """Whether torch has baddbmm with float32 output for reduced inputs (beta=1 accumulates)."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key("aten::baddbmm.dtype_out", "CUDA")
+
+
+def accumulate_mm(acc: Tensor, a: Tensor, b: Tensor) -> None:
+    """acc += a @ b, accumulated in float32 (`acc`) whatever the operands' dtype."""
+    if a.dtype == acc.dtype:
+        acc.addmm_(a, b)
+    elif _accumulating_float32_gemm():
+        acc3 = acc.unsqueeze(0)
+        torch.baddbmm(acc3, a.unsqueeze(0), b.unsqueeze(0), out_dtype=torch.float32, out=acc3)
+    else:
+        acc.add_(torch.mm(a, b))
+
+
+def _mm_into(out: Tensor, a: Tensor, b: Tensor) -> None:
+    """out = a @ b, written in place when the dtypes allow it."""
+    if out.dtype == a.dtype:
+        torch.mm(a, b, out=out)
+    else:
+        out.copy_(torch.mm(a, b))
 
 
 def backward(
@@ -191,6 +238,7 @@ def backward(
     lse: Tensor,
     entropy: Tensor | None,
     needs_input_grad: tuple[bool, bool, bool],
+    softcap: float | None,
 ) -> tuple[Tensor | None, ...]:
     """Gradients to (hidden, weight, bias), vocabulary chunk by vocabulary chunk.
 
@@ -206,6 +254,8 @@ def backward(
         shard = distributed.layout(weight.shape[0], group, hidden.device)
         codes = distributed.backward_tokens(tokens.to(torch.int64), shard, ignore_index)
         kernel_ignore, vocab_total = distributed.KERNEL_IGNORE, shard.local + 1
+    # ignored rows have a zero logits gradient; their hidden state may be NaN (0 * NaN)
+    ignored = (tokens == ignore_index).unsqueeze(1)
     grad_h, grad_w, grad_b = _shard_backward(
         grad_logp,
         grad_entropy,
@@ -213,12 +263,14 @@ def backward(
         weight,
         codes,
         bias,
-        temperature,
+        lm_head.kernel_temperature(temperature, softcap),
         kernel_ignore,
         vocab_total,
         lse,
         entropy,
         needs_input_grad,
+        softcap,
+        ignored,
     )
     if grad_h is not None and group is not None:
         dist.all_reduce(grad_h, op=dist.ReduceOp.SUM, group=group)
@@ -238,6 +290,8 @@ def _shard_backward(
     lse: Tensor,
     entropy: Tensor | None,
     needs_input_grad: tuple[bool, bool, bool],
+    softcap: float | None,
+    ignored: Tensor,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """(float32 grad_hidden, grad_weight, grad_bias) of the vocabulary `weight` holds."""
     want_h, want_w, want_b = needs_input_grad
@@ -253,8 +307,15 @@ def _shard_backward(
         if grad_b is not None:
             grad_b.zero_()
         return grad_h, grad_w, grad_b
-    width = _chunk_width(num, vocab, hidden.element_size(), 1)
-    buffer = torch.empty(num * width, dtype=hidden.dtype, device=dev)
+    operand = lm_head.gemm_weight(weight)
+    # float32 logits, and their gradient in the GEMM input dtype: in place when that is float32,
+    # unless the soft cap's chain rule needs the capped logits after the gradient is written
+    separate = operand.dtype != torch.float32 or softcap is not None
+    width = _chunk_width(num, vocab, 4 + (operand.element_size() if separate else 0), 1)
+    buffer = f32_empty(num * padded(width), device=dev)
+    grad_buffer = (torch.empty(num * padded(width), dtype=operand.dtype, device=dev)
+                   if separate else buffer)
+    rows = hidden.masked_fill(ignored, 0.0) if grad_w is not None else hidden
     tokens = tokens.to(torch.int64).contiguous()
     g_logp = grad_logp.to(torch.float32).contiguous()
     g_ent = None if grad_entropy is None else grad_entropy.to(torch.float32).contiguous()
@@ -262,11 +323,13 @@ def _shard_backward(
     entropy = None if entropy is None else entropy.to(torch.float32).contiguous()
     for start in range(0, vocab, width):
         stop = min(vocab, start + width)
-        w = weight[start:stop]
+        w = operand[start:stop]
         b = None if bias is None else bias[start:stop]
-        logits = _logits(hidden, w, b, buffer[: num * (stop - start)].view(num, stop - start))
+        logits = lm_head.float32_logits(hidden, w, b, out=rows_view(buffer, num, stop - start))
+        soft_cap(logits, softcap)
+        grad = rows_view(grad_buffer, num, stop - start)
         launch_backward(
-            logits,
+            grad,
             logits,
             tokens,
             g_logp,
@@ -278,10 +341,11 @@ def _shard_backward(
             start,
             vocab_total,
         )
+        soft_cap(logits, softcap, grad)
         if grad_h is not None:
-            _accumulate_grad_hidden(grad_h, logits, w)
+            accumulate_mm(grad_h, grad, w)
         if grad_w is not None:
-            torch.mm(logits.t(), hidden, out=grad_w[start:stop])
+            _mm_into(grad_w[start:stop], grad.t(), rows.to(grad.dtype))
         if grad_b is not None:
-            grad_b[start:stop] = logits.sum(0, dtype=torch.float32)
+            grad_b[start:stop] = grad.sum(0, dtype=torch.float32)
     return grad_h, grad_w, grad_b

@@ -116,13 +116,18 @@ def launch_backward(
     col_offset: int,
     vocab_total: int,
 ) -> None:
-    """Write the gradient of every row of `logits` into `grad` (which may be `logits`)."""
+    """Write the gradient of every row of `logits` into `grad` (which may be `logits`).
+
+    `grad` has the logits' dtype, or for float32 logits bfloat16/float16 (the linear ops'
+    GEMM input dtype).
+    """
     device = device_of("logits", logits)
     code = dtype_code("logits", logits)
-    if grad.dtype != logits.dtype or grad.shape != logits.shape:
+    narrower = logits.dtype == torch.float32 and grad.dtype in (torch.bfloat16, torch.float16)
+    if (grad.dtype != logits.dtype and not narrower) or grad.shape != logits.shape:
         raise ValueError(
-            f"grad must match logits ({logits.dtype}, {tuple(logits.shape)}); "
-            f"got {grad.dtype}, {tuple(grad.shape)}"
+            f"grad must match logits ({logits.dtype}, {tuple(logits.shape)}; bfloat16 or "
+            f"float16 for float32 logits); got {grad.dtype}, {tuple(grad.shape)}"
         )
     temp, temp_value = _split(temperature, device)
     num_rows, vocab = logits.shape
@@ -135,6 +140,7 @@ def launch_backward(
         vocab,
         logits.stride(0),
         ptr(grad),
+        dtype_code("grad", grad),
         grad.stride(0),
         ptr(tokens),
         ptr(g_logp),

@@ -1,10 +1,11 @@
-"""Native linear_logp: logits one row chunk at a time, fed to the selected logp kernels.
+"""Native linear_logp: float32 logits one row chunk at a time, fed to the selected logp kernels.
 
-The [N, V] logits never exist: each chunk of rows is multiplied out, handed to the
-logp kernel the dispatcher picks for it (so a GPU backend's fused logp serves this
-path too), and dropped. The backward recomputes the chunk's logits, turns them into
-the logits gradient in place, and folds it into the hidden, weight and bias
-gradients (weight and bias accumulate in float32 across chunks).
+The [N, V] logits never exist: each chunk of rows is multiplied out in float32
+(rlk.lm_head), soft-capped if asked, handed to the logp kernel the dispatcher picks for
+it (so a GPU backend's fused logp serves this path too), and dropped. The backward
+recomputes the chunk's logits, turns them into the logits gradient in place, and folds it
+into the hidden, weight and bias gradients (weight and bias accumulate in float32 across
+chunks).
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rlk import distributed
+from rlk import distributed, lm_head
 from rlk.native.chunks import rows_per_chunk
 from rlk.ops.temperature import Temperature
 
-# Chunk-sized buffers alive at once, in float32 widths: the logits chunk, the logp
-# kernel's three temporaries, and the float32 copy of a reduced-precision gradient.
-_LIVE = 5
+# Chunk-sized float32 buffers alive at once: the logits chunk, the logp kernel's three
+# temporaries, the soft-cap slope and the GEMM operand copy of the logits gradient.
+_LIVE = 6
 
 
 def _chunks(rows: int, width: int) -> Iterator[tuple[int, int]]:
@@ -31,15 +32,14 @@ def _chunks(rows: int, width: int) -> Iterator[tuple[int, int]]:
         yield start, min(rows, start + step)
 
 
-def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, pad: bool) -> Tensor:
-    """hidden @ weight.T + bias in the inputs' dtype; with `pad`, one more column of -inf."""
-    width = weight.shape[0] + (1 if pad else 0)
-    out = hidden.new_empty(hidden.shape[0], width)
-    view = out[:, : weight.shape[0]]
-    if bias is None:
-        torch.mm(hidden, weight.t(), out=view)
-    else:
-        torch.addmm(bias, hidden, weight.t(), out=view)
+def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, softcap: float | None,
+            pad: bool) -> Tensor:
+    """Float32 (soft-capped) logits; with `pad`, one more column of -inf (never capped)."""
+    vocab = weight.shape[0]
+    out = torch.empty(hidden.shape[0], vocab + (1 if pad else 0), dtype=torch.float32,
+                      device=hidden.device)
+    view = out[:, :vocab]
+    lm_head.soft_cap_(lm_head.float32_logits(hidden, weight, bias, out=view), softcap)
     if pad:
         out[:, -1] = -torch.inf
     return out
@@ -62,7 +62,8 @@ def _logp_kernel(logits: Tensor, tokens: Tensor, temperature: Temperature, ignor
 
 def forward(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
             temperature: Temperature, ignore_index: int, with_entropy: bool,
-            group: dist.ProcessGroup | None) -> tuple[Tensor, Tensor | None, Tensor]:
+            group: dist.ProcessGroup | None,
+            softcap: float | None) -> tuple[Tensor, Tensor | None, Tensor]:
     rows = hidden.shape[0]
     shard = None if group is None else distributed.layout(weight.shape[0], group, hidden.device)
     owned = None
@@ -73,9 +74,11 @@ def forward(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
     options: dict[str, Any] = {"dtype": torch.float32, "device": hidden.device}
     logp, lse = torch.empty(rows, **options), torch.empty(rows, **options)
     entropy = torch.empty(rows, **options) if with_entropy else None
+    operand = lm_head.gemm_weight(weight)
+    temperature = lm_head.kernel_temperature(temperature, softcap)
     kernel = None
     for start, stop in _chunks(rows, weight.shape[0]):
-        logits = _logits(hidden[start:stop], weight, bias, pad=False)
+        logits = _logits(hidden[start:stop], operand, bias, softcap, pad=False)
         temp = _slice(temperature, start, stop)
         kernel = kernel or _logp_kernel(logits, codes[start:stop], temp, kernel_ignore,
                                         with_entropy)
@@ -93,7 +96,8 @@ def forward(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
 def backward(grad_logp: Tensor, grad_entropy: Tensor | None, hidden: Tensor, weight: Tensor,
              tokens: Tensor, bias: Tensor | None, temperature: Temperature, ignore_index: int,
              group: dist.ProcessGroup | None, lse: Tensor, entropy: Tensor | None,
-             needs_input_grad: tuple[bool, bool, bool]) -> tuple[Tensor | None, ...]:
+             needs_input_grad: tuple[bool, bool, bool],
+             softcap: float | None) -> tuple[Tensor | None, ...]:
     need_hidden, need_weight, need_bias = needs_input_grad
     need_bias = need_bias and bias is not None
     rows, vocab = hidden.shape[0], weight.shape[0]
@@ -111,10 +115,13 @@ def backward(grad_logp: Tensor, grad_entropy: Tensor | None, hidden: Tensor, wei
         if need_weight else None
     grad_bias = torch.zeros(vocab, dtype=torch.float32, device=weight.device) \
         if need_bias else None
+    operand = lm_head.gemm_weight(weight)
+    temperature = lm_head.kernel_temperature(temperature, softcap)
     kernel = None
     for start, stop in _chunks(rows, vocab + int(sharded)):
         chunk = hidden[start:stop]
-        logits = _logits(chunk, weight, bias, pad=sharded)
+        logits = _logits(chunk, operand, bias, softcap, pad=sharded)
+        slope = None if softcap is None else lm_head.soft_cap_slope(logits[:, :vocab], softcap)
         temp = _slice(temperature, start, stop)
         chunk_entropy = None if entropy is None else entropy[start:stop]
         kernel = kernel or _logp_kernel(logits, codes[start:stop], temp, kernel_ignore,
@@ -124,14 +131,17 @@ def backward(grad_logp: Tensor, grad_entropy: Tensor | None, hidden: Tensor, wei
             logits, codes[start:stop], temp, kernel_ignore, None, lse[start:stop],
             chunk_entropy, True,
         )[:, :vocab]
+        if slope is not None:
+            grad_logits.mul_(slope)
         if grad_hidden is not None:
-            grad_hidden[start:stop] = grad_logits @ weight
+            grad_hidden[start:stop] = grad_logits.to(operand.dtype) @ operand
         if grad_weight is not None:
-            wide = grad_logits if grad_logits.dtype == torch.float32 else grad_logits.float()
-            wide_hidden = chunk if chunk.dtype == torch.float32 else chunk.float()
-            grad_weight.addmm_(wide.t(), wide_hidden)
+            # ignored rows have a zero logits gradient; their hidden state may be NaN
+            ignored = (tokens[start:stop] == ignore_index).unsqueeze(1)
+            wide = chunk.to(torch.float32, copy=True).masked_fill_(ignored, 0.0)
+            grad_weight.addmm_(grad_logits.t(), wide)
         if grad_bias is not None:
-            grad_bias += grad_logits.sum(dim=0, dtype=torch.float32)
+            grad_bias += grad_logits.sum(dim=0)
     if grad_hidden is not None and group is not None:
         dist.all_reduce(grad_hidden, op=dist.ReduceOp.SUM, group=group)
         grad_hidden = grad_hidden.to(hidden.dtype)

@@ -72,7 +72,10 @@ class LinearLogProbs:
     """TRL's `ChunkedLogProbFunction.apply` contract, served by rlk.linear_logp(_entropy).
 
     Returns (log_probs, entropy, log_sum_sq_probs, mean_logits, is_top1) as TRL does;
-    rlk computes the first two, so asking for the others raises.
+    rlk computes the first two, so asking for the others raises. The logit scale, soft
+    cap and temperature apply in TRL's order; under torch.autocast the GEMM runs in the
+    autocast dtype as in TRL, but rlk keeps its logits in float32 where TRL rounds them
+    to that dtype. `chunk_size` is TRL's tiling knob; rlk picks its own chunks.
     """
 
     @staticmethod
@@ -84,31 +87,12 @@ class LinearLogProbs:
         if unknown:
             raise UnsupportedOptionError(
                 f"the fused LM head was asked for {unknown}; rlk computes {list(LM_HEAD_OUTPUTS)}")
-        if final_logit_softcapping is not None:
-            raise UnsupportedOptionError(
-                f"final_logit_softcapping={final_logit_softcapping}: rlk.linear_logp has no "
-                "logit soft-capping")
-        if logit_scale != 1.0:
-            raise UnsupportedOptionError(
-                f"logit_scale={logit_scale}: rlk.linear_logp has no logit scale")
-        _check_autocast(hidden, weight)
+        options = dict(bias=bias, temperature=temperature, softcap=final_logit_softcapping,
+                       logit_scale=logit_scale)
         if "entropy" in outputs:
-            logp, entropy = rlk.linear_logp_entropy(hidden, weight, targets, bias=bias,
-                                                    temperature=temperature)
+            logp, entropy = rlk.linear_logp_entropy(hidden, weight, targets, **options)
             return logp, entropy, None, None, None
-        logp = rlk.linear_logp(hidden, weight, targets, bias=bias, temperature=temperature)
-        return logp, None, None, None, None
-
-
-def _check_autocast(hidden: Tensor, weight: Tensor) -> None:
-    device = hidden.device.type
-    if not torch.is_autocast_enabled(device):
-        return
-    dtype = torch.get_autocast_dtype(device)
-    if hidden.dtype != dtype or weight.dtype != dtype:
-        raise UnsupportedOptionError(
-            f"autocast to {dtype} with hidden {hidden.dtype} and lm_head weight "
-            f"{weight.dtype}: rlk.linear_logp takes no autocast dtype")
+        return rlk.linear_logp(hidden, weight, targets, **options), None, None, None, None
 
 
 # ---------------------------------------------------------------------------

@@ -87,8 +87,9 @@ class LinearLogProbs:
         if unknown:
             raise UnsupportedOptionError(
                 f"the fused LM head was asked for {unknown}; rlk computes {list(LM_HEAD_OUTPUTS)}")
-        options = dict(bias=bias, temperature=temperature, softcap=final_logit_softcapping,
-                       logit_scale=logit_scale)
+        options: dict[str, Any] = dict(bias=bias, temperature=temperature,
+                                       softcap=final_logit_softcapping,
+                                       logit_scale=logit_scale)
         if "entropy" in outputs:
             logp, entropy = rlk.linear_logp_entropy(hidden, weight, targets, **options)
             return logp, entropy, None, None, None

@@ -95,7 +95,8 @@ MATCHED = [
     for loss_type in ("grpo", "bnpo", "luspo")
     for beta in (0.0, 0.04)
     for level in ("token", "sequence")
-]
+] + [pytest.param(dict(loss_type="bnpo", beta=0.0, importance_sampling_level="token", delta=1.5,
+                       epsilon_high=0.28), id="bnpo-delta")]
 
 
 @pytest.mark.parametrize("options", MATCHED)
@@ -126,6 +127,8 @@ REFUSED = [
     pytest.param(dict(loss_type="bnpo", top_entropy_quantile=0.5), "top_entropy_quantile",
                  id="top-entropy-quantile"),
     pytest.param(dict(loss_type="bnpo", delta=1.1), "delta=1.1", id="delta-below-clip"),
+    pytest.param(dict(loss_type="bnpo", entropy_coef=0.01), "entropy_coef=0.01",
+                 id="entropy-bonus"),
 ]
 
 

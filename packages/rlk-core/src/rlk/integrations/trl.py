@@ -136,6 +136,10 @@ def loss_config(args: Any) -> LossConfig:
         raise UnsupportedOptionError(
             "use_vllm=True: the adapter is not tested with vLLM's importance-sampling "
             "correction")
+    if args.entropy_coef != 0.0 or args.use_adaptive_entropy:
+        raise UnsupportedOptionError(
+            f"entropy_coef={args.entropy_coef}, use_adaptive_entropy="
+            f"{args.use_adaptive_entropy}: the entropy bonus is not translated yet")
     if args.off_policy_mask_threshold is not None or args.top_entropy_quantile < 1.0:
         raise UnsupportedOptionError(
             "off_policy_mask_threshold / top_entropy_quantile: token weights are not "

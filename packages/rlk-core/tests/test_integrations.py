@@ -104,3 +104,18 @@ def test_swap_everywhere_and_restore(fake_framework, monkeypatch: pytest.MonkeyP
     assert fake_framework.Trainer.step() == "framework"
     assert isinstance(vars(fake_framework.Trainer)["step"], staticmethod)
     assert fake_framework.registry["vanilla"] is fake_framework.original
+
+
+def test_a_failing_install_undoes_its_swaps(fake_framework, monkeypatch: pytest.MonkeyPatch
+                                            ) -> None:
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "1.0")
+
+    def install(patches: _patching.Patches) -> None:
+        patches.swap_everywhere(fake_framework.utils, "f", abs)
+        raise RuntimeError("half-way")
+
+    adapter = _patching.Adapter("fakefw", ((1, 0), (2, 0)), "fakefw 1.0", install)
+    with pytest.raises(RuntimeError, match="half-way"):
+        adapter.patch()
+    assert not adapter.is_patched()
+    assert fake_framework.utils.f is fake_framework.importer.f is fake_framework.original

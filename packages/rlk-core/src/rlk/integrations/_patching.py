@@ -8,9 +8,11 @@ each swap, including bindings made while the patch was active.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import re
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,3 +108,56 @@ class Patches:
         prefix = self.package + "."
         return [module for name, module in list(sys.modules.items())
                 if module is not None and (name == self.package or name.startswith(prefix))]
+
+
+class Adapter:
+    """`patch()`, `unpatch()`, `is_patched()` and `patched()` for one framework.
+
+    `install` makes the swaps on a fresh `Patches`; it runs after the version check,
+    and a failure part-way undoes the swaps already made.
+    """
+
+    def __init__(self, distribution: str, supported: tuple[Version, Version], tested: str,
+                 install: Callable[[Patches], None]):
+        self.distribution = distribution
+        self.supported = supported
+        self.tested = tested
+        self._install = install
+        self._active: Patches | None = None
+
+    def patch(self) -> None:
+        """Route the framework's functions to rlk (idempotent).
+
+        Raises UnsupportedVersionError when the installed version is outside the tested
+        range, ImportError when the framework is not installed.
+        """
+        if self._active is not None:
+            return
+        check_version(self.distribution, *self.supported, self.tested)
+        patches = Patches(self.distribution)
+        try:
+            self._install(patches)
+        except BaseException:
+            patches.restore()
+            raise
+        self._active = patches
+
+    def unpatch(self) -> None:
+        """Put the framework's own functions back (a no-op when not patched)."""
+        if self._active is not None:
+            self._active.restore()
+            self._active = None
+
+    def is_patched(self) -> bool:
+        return self._active is not None
+
+    @contextlib.contextmanager
+    def patched(self) -> Iterator[None]:
+        """`patch()` for the block; unpatches on exit only if the block patched."""
+        owner = not self.is_patched()
+        self.patch()
+        try:
+            yield
+        finally:
+            if owner:
+                self.unpatch()

@@ -16,8 +16,7 @@ What is routed (docs/integrations/trl.md has the option table):
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +24,7 @@ import torch
 from torch import Tensor
 
 import rlk
-from rlk.integrations._patching import Patches, UnsupportedOptionError, check_version
+from rlk.integrations._patching import Adapter, Patches, UnsupportedOptionError
 
 SUPPORTED = ((1, 16), (1, 17))  # trl >=1.16,<1.17
 TESTED = "trl 1.16.0 with transformers 5.24.0"
@@ -37,8 +36,6 @@ LM_HEAD_OUTPUTS = ("log_probs", "entropy")
 _MODEL_INPUTS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask",
                  "spatial_shapes", "num_tiles", "image_sizes", "token_type_ids",
                  "mm_token_type_ids", "image_position_ids")
-
-_active: Patches | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -232,45 +229,18 @@ def _log_metrics(trainer: Any, mode: str, metrics: Mapping[str, Tensor], entropi
 # patching
 
 
-def patch() -> None:
-    """Route TRL's log-prob functions and GRPOTrainer's loss to rlk (idempotent).
-
-    Raises UnsupportedVersionError when the installed TRL is outside the tested range.
-    """
-    global _active
-    if _active is not None:
-        return
-    check_version("trl", *SUPPORTED, TESTED)
+def _install(patches: Patches) -> None:
     from trl.trainer import grpo_trainer
     from trl.trainer import utils as trl_utils
 
-    patches = Patches("trl")
     patches.swap_everywhere(trl_utils, "selective_log_softmax", selective_log_softmax)
     patches.swap_everywhere(trl_utils, "entropy_from_logits", entropy_from_logits)
     patches.swap_everywhere(trl_utils, "_ChunkedLogProbFunction", LinearLogProbs)
     patches.swap(grpo_trainer.GRPOTrainer, "_compute_loss", _compute_loss)
-    _active = patches
 
 
-def unpatch() -> None:
-    """Put TRL's own functions back (a no-op when not patched)."""
-    global _active
-    if _active is not None:
-        _active.restore()
-        _active = None
-
-
-def is_patched() -> bool:
-    return _active is not None
-
-
-@contextlib.contextmanager
-def patched() -> Iterator[None]:
-    """`patch()` for the block; unpatches on exit only if the block patched."""
-    owner = not is_patched()
-    patch()
-    try:
-        yield
-    finally:
-        if owner:
-            unpatch()
+_ADAPTER = Adapter("trl", SUPPORTED, TESTED, _install)
+patch = _ADAPTER.patch
+unpatch = _ADAPTER.unpatch
+is_patched = _ADAPTER.is_patched
+patched = _ADAPTER.patched

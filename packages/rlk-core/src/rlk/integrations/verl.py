@@ -14,15 +14,14 @@ A configuration or input rlk cannot express raises `UnsupportedOptionError`.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
 import rlk
-from rlk.integrations._patching import Patches, UnsupportedOptionError, check_version
+from rlk.integrations._patching import Adapter, Patches, UnsupportedOptionError
 
 SUPPORTED = ((0, 9), (0, 10))  # verl >=0.9,<0.10
 TESTED = "verl 0.9.1"
@@ -30,8 +29,6 @@ TESTED = "verl 0.9.1"
 # verl loss_agg_mode -> rlk aggregation, for the modes whose normaliser rlk has
 AGGREGATIONS = {"token-mean": "token-mean", "seq-mean-token-mean": "seq-mean-token-mean",
                 "seq-mean-token-sum": "seq-mean-token-sum"}
-
-_active: Patches | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -165,19 +162,10 @@ POLICY_LOSSES: Mapping[str, Callable[..., tuple[Tensor, dict[str, Any]]]] = {
 # patching
 
 
-def patch() -> None:
-    """Route verl's log-probs, vanilla PPO loss and GRPO/RLOO advantages to rlk (idempotent).
-
-    Raises UnsupportedVersionError when the installed verl is outside the tested range.
-    """
-    global _active
-    if _active is not None:
-        return
-    check_version("verl", *SUPPORTED, TESTED)
+def _install(patches: Patches) -> None:
     from verl.trainer.ppo import core_algos
     from verl.utils import torch_functional
 
-    patches = Patches("verl")
     patches.swap_everywhere(torch_functional, "logprobs_from_logits", logprobs_from_logits)
     for name, loss in POLICY_LOSSES.items():
         patches.swap_entry(core_algos.POLICY_LOSS_REGISTRY, name, loss)
@@ -185,28 +173,10 @@ def patch() -> None:
         patches.swap_entry(core_algos.ADV_ESTIMATOR_REGISTRY, name, estimator)
     patches.swap_everywhere(core_algos, "compute_grpo_outcome_advantage",
                             compute_grpo_outcome_advantage)
-    _active = patches
 
 
-def unpatch() -> None:
-    """Put verl's own functions back (a no-op when not patched)."""
-    global _active
-    if _active is not None:
-        _active.restore()
-        _active = None
-
-
-def is_patched() -> bool:
-    return _active is not None
-
-
-@contextlib.contextmanager
-def patched() -> Iterator[None]:
-    """`patch()` for the block; unpatches on exit only if the block patched."""
-    owner = not is_patched()
-    patch()
-    try:
-        yield
-    finally:
-        if owner:
-            unpatch()
+_ADAPTER = Adapter("verl", SUPPORTED, TESTED, _install)
+patch = _ADAPTER.patch
+unpatch = _ADAPTER.unpatch
+is_patched = _ADAPTER.is_patched
+patched = _ADAPTER.patched

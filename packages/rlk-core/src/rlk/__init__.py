@@ -17,6 +17,7 @@ from rlk.ops.advantages import group_advantages
 from rlk.ops.linear_logp import linear_logp, linear_logp_entropy
 from rlk.ops.logp import logp, logp_entropy
 from rlk.ops.policy_loss import policy_loss
+from rlk.ops.policy_loss_options import PolicyLossOptions
 from rlk.ops.sample import Sampled, sample
 from rlk.plugins import PLUGIN_API_VERSION, hookimpl
 
@@ -25,6 +26,7 @@ __all__ = [
     "BackendInfo",
     "BackendUnavailableError",
     "PluginError",
+    "PolicyLossOptions",
     "Sampled",
     "__version__",
     "backends",

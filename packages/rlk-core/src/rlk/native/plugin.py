@@ -38,6 +38,6 @@ def rlk_register(registry: Registry) -> None:
                         devices=_EVERY_DEVICE, dtypes=(torch.float32,))
     registry.add_kernel("policy_loss", "native", "rlk.native.policy_loss:forward",
                         backward="rlk.native.policy_loss:backward",
-                        devices=_EVERY_DEVICE, dtypes=(torch.float32,))
+                        devices=_EVERY_DEVICE, dtypes=(*FLOATS, torch.float64))
     registry.add_kernel("sample", "native", "rlk.native.sample:sample",
                         devices=_EVERY_DEVICE, dtypes=FLOATS)

@@ -8,8 +8,9 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from rlk.dispatch import captured_policy, get_dispatcher, scoped_policy
+from rlk.dispatch import Policy, captured_policy, get_dispatcher, scoped_policy
 from rlk.registry import Kernel
 
 KernelArgs = dict[str, Any]
@@ -31,6 +32,32 @@ class Sample:
     name: str
     args: KernelArgs
     check_backward: bool = True
+
+
+@dataclass(frozen=True)
+class EagerPath:
+    """How an op runs its kernels directly when nothing traces the call.
+
+    torch.library's wrappers cost far more host time than a small op's kernels take on
+    the GPU (about 1 ms against 20 us for policy_loss forward+backward). Outside
+    torch.compile, export and other tracing, an op with an EagerPath calls the selected
+    kernel itself, under a plain autograd.Function when an input requires grad; under
+    them, `torch_op` runs, so compiled and exported graphs still hold one opaque node.
+
+    - `torch_op`: the op's torch operator; `op_arguments`: kernel arguments -> its
+      positional arguments.
+    - `grad_inputs`: kernel arguments that may require grad, in the order `backward`
+      returns their gradients; `backward`: (kernel, kernel arguments, output gradients)
+      -> those gradients.
+    - `detached_outputs`: positions of outputs that carry no gradient (metrics).
+    """
+
+    torch_op: Callable[..., Any]
+    op_arguments: Callable[[Mapping[str, Any]], tuple[Any, ...]]
+    grad_inputs: tuple[str, ...] = ()
+    backward: Callable[[Kernel, Mapping[str, Any], tuple[Tensor | None, ...]],
+                       tuple[Tensor | None, ...]] | None = None
+    detached_outputs: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -64,6 +91,7 @@ class OpSpec:
     grad_check: Callable[[Kernel, KernelArgs, torch.Generator], Iterator[GradCase]] | None = None
     grad_tolerances: Mapping[torch.dtype, Tolerance] | None = None
     batch_slice: Callable[[KernelArgs, int, int], KernelArgs | None] | None = None
+    eager: EagerPath | None = None
     doc: str = ""
 
     def kernel(self, args: Mapping[str, Any]) -> Kernel:
@@ -71,6 +99,83 @@ class OpSpec:
         main = args[self.main_input]
         flags = self.flags(args)
         return get_dispatcher().kernel_for(self.name, main.device, main.dtype, flags, args)
+
+    def call(self, args: KernelArgs) -> Any:
+        """Run the op on validated kernel arguments: directly when nothing traces the call
+        (see EagerPath), else through its torch operator."""
+        eager = self.eager
+        assert eager is not None, f"op {self.name} declares no EagerPath"
+        if _traced(args):
+            return eager.torch_op(*eager.op_arguments(args))
+        kernel = self.kernel(args)
+        inputs = [args[name] for name in eager.grad_inputs]
+        if not (torch.is_grad_enabled()
+                and any(t is not None and t.requires_grad for t in inputs)):
+            return kernel.forward(**args)
+        return _KernelFunction.apply(_Call(self, kernel, args, captured_policy()), *inputs)
+
+
+_PLAIN_TENSORS = (Tensor, torch.nn.Parameter)
+
+
+def _traced(args: Mapping[str, Any]) -> bool:
+    """Whether something records or transforms this call (compile, export, fake tensors,
+    dispatch modes, vmap/grad transforms, jit tracing, tensor subclasses): then the torch
+    operator must run so that it sees one op."""
+    if (torch.compiler.is_compiling() or is_in_torch_dispatch_mode()
+            or torch._C._functorch.peek_interpreter_stack() is not None
+            or torch.jit.is_tracing()):
+        return True
+    return any(isinstance(value, Tensor) and type(value) not in _PLAIN_TENSORS
+               for value in args.values())
+
+
+@dataclass
+class _Call:
+    """One eager call: what its backward needs besides the saved tensors."""
+
+    spec: OpSpec
+    kernel: Kernel
+    args: KernelArgs
+    policy: Policy | None
+
+
+class _KernelFunction(torch.autograd.Function):
+    """The selected kernel under plain autograd (the eager path of an op with an EagerPath).
+
+    The tensor arguments are saved with save_for_backward, so an in-place change between
+    forward and backward raises as it does for any torch op; the kernel sees them detached.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, call: _Call, *inputs: Tensor | None) -> Any:
+        eager = call.spec.eager
+        assert eager is not None
+        args = dict(call.args)
+        for name in eager.grad_inputs:
+            if args[name] is not None:
+                args[name] = args[name].detach()
+        outputs = call.kernel.forward(**args)
+        names = [name for name, value in args.items() if isinstance(value, Tensor)]
+        ctx.save_for_backward(*(args[name] for name in names))
+        ctx.names, ctx.call = names, call
+        ctx.rest = {name: value for name, value in args.items() if name not in names}
+        call.args = {}  # the tensors live in saved_tensors only
+        for index in eager.detached_outputs:
+            ctx.mark_non_differentiable(outputs[index])
+        ctx.set_materialize_grads(False)
+        return outputs
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor | None) -> Any:
+        call: _Call = ctx.call
+        eager = call.spec.eager
+        assert eager is not None and eager.backward is not None
+        args = dict(ctx.rest)
+        args.update(zip(ctx.names, ctx.saved_tensors, strict=True))
+        with scoped_policy(call.policy):
+            input_grads = eager.backward(call.kernel, args, grads)
+        return (None, *input_grads)
 
 
 def register_autograd(op: Any, backward: Callable[..., Any],

@@ -111,7 +111,9 @@ def integrations(session: nox.Session) -> None:
     session.install("-e", TEST_BACKEND, *TRL)  # tests/conftest.py imports the test backend
     session.install("--no-deps", VERL)
     session.install(*VERL_IMPORTS)
-    env = {**STRICT_ENV, "RLK_INTEGRATIONS": "1"}
+    # one torch thread: these models are tiny, and on a shared 2-core machine more threads
+    # slow them tenfold
+    env = {**STRICT_ENV, "RLK_INTEGRATIONS": "1", "OMP_NUM_THREADS": "1"}
     session.run("python", "-m", "pytest", "tests/integrations", "-q", *session.posargs, env=env)
     session.run("python", "examples/grpo_trl.py", "--check", env=env)
 

@@ -101,7 +101,7 @@ def train(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
         lr_scheduler_type="constant",
         per_device_train_batch_size=args.prompts * args.group_size,
         num_generations=args.group_size, max_completion_length=3, temperature=1.0,
-        loss_type=args.loss_type, beta=args.beta, use_bias_correction_kl=False,
+        loss_type=args.loss_type, beta=args.beta,
         epsilon=0.2, epsilon_high=0.28, logging_steps=args.log_every, report_to=[],
         use_cpu=args.device == "cpu", bf16=False, seed=args.seed, save_strategy="no",
         disable_tqdm=True)
@@ -128,7 +128,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=20, help="times each problem is in the data")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (constant)")
     p.add_argument("--width", type=int, default=64, help="model hidden size")
-    p.add_argument("--loss-type", default="grpo", help="GRPOConfig.loss_type")
+    p.add_argument("--loss-type", default="dapo", help="GRPOConfig.loss_type")
     p.add_argument("--beta", type=float, default=0.0, help="GRPOConfig.beta (KL coefficient)")
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--check", action="store_true",

@@ -17,7 +17,6 @@ What is routed (docs/integrations/trl.md has the option table):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -97,76 +96,84 @@ class LinearLogProbs:
 # the loss
 
 
-@dataclass(frozen=True)
-class LossConfig:
-    """A GRPOConfig's loss translated: `policy_loss` are the keyword arguments of
-    rlk.policy_loss; `scale_by_accumulation` divides the loss by the gradient
-    accumulation steps in training (TRL's normaliser for these loss types)."""
-
-    policy_loss: Mapping[str, Any] = field(default_factory=dict)
-    scale_by_accumulation: bool = True
-
-
-# TRL loss_type -> rlk aggregation, for the loss types whose normaliser rlk has
-_AGGREGATION = {"bnpo": "token-mean", "grpo": "seq-mean-token-mean",
-                "luspo": "seq-mean-token-sum"}
-# loss types that average over every row, empty ones included (rlk skips empty rows)
-_MEAN_OVER_ALL_ROWS = ("grpo", "luspo")
+# TRL loss_type -> (objective, aggregation); every one counts empty rows as TRL does
+_LOSS_TYPES = {
+    "grpo": ("ppo", "seq-mean-token-mean"), "bnpo": ("ppo", "token-mean"),
+    "dr_grpo": ("ppo", "token-sum"), "dapo": ("ppo", "token-sum"),
+    "luspo": ("ppo", "seq-mean-token-sum"), "cispo": ("cispo", "token-sum"),
+    "sapo": ("sapo", "seq-mean-token-mean"), "vespo": ("vespo", "token-sum"),
+}
+# loss types TRL divides by the generation batch's token count (num_items_in_batch)
+_GLOBAL_TOKEN_COUNT = ("dapo", "cispo", "vespo")
 
 
-def loss_config(args: Any) -> LossConfig:
-    """rlk's configuration for a GRPOConfig's loss, or UnsupportedOptionError naming the option."""
+def loss_options(args: Any) -> rlk.PolicyLossOptions:
+    """The batch-independent part of a GRPOConfig's loss as rlk.PolicyLossOptions.
+
+    Raises UnsupportedOptionError naming a setting rlk cannot express.
+    """
     loss_type = args.loss_type
-    if loss_type not in _AGGREGATION:
+    if loss_type not in _LOSS_TYPES:
         raise UnsupportedOptionError(
-            f"loss_type={loss_type!r}: rlk.policy_loss cannot express it yet (supported: "
-            f"{', '.join(map(repr, _AGGREGATION))})")
-    if loss_type in _MEAN_OVER_ALL_ROWS and _rows_can_be_empty(args):
-        raise UnsupportedOptionError(
-            f"loss_type={loss_type!r} with masked completions: TRL averages over every "
-            "completion, empty ones included; rlk.policy_loss averages non-empty ones")
-    if args.beta != 0.0 and args.use_bias_correction_kl:
-        raise UnsupportedOptionError(
-            f"beta={args.beta} with use_bias_correction_kl=True: rlk.policy_loss has no KL "
-            "bias correction; set use_bias_correction_kl=False")
-    if args.use_vllm:
-        raise UnsupportedOptionError(
-            "use_vllm=True: the adapter is not tested with vLLM's importance-sampling "
-            "correction")
+            f"loss_type={loss_type!r}: unknown to the adapter (known: "
+            f"{', '.join(map(repr, _LOSS_TYPES))})")
     if args.entropy_coef != 0.0 or args.use_adaptive_entropy:
         raise UnsupportedOptionError(
             f"entropy_coef={args.entropy_coef}, use_adaptive_entropy="
             f"{args.use_adaptive_entropy}: the entropy bonus is not translated yet")
-    if args.off_policy_mask_threshold is not None or args.top_entropy_quantile < 1.0:
+    if args.use_vllm:
         raise UnsupportedOptionError(
-            "off_policy_mask_threshold / top_entropy_quantile: token weights are not "
-            "translated yet")
+            "use_vllm=True: the adapter is not tested with vLLM's importance-sampling "
+            "correction")
+    objective, agg = _LOSS_TYPES[loss_type]
     clip_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
-    options: dict[str, Any] = dict(
-        clip_low=args.epsilon, clip_high=clip_high, kl_coef=args.beta, kl_estimator="k3",
-        ratio_level=args.importance_sampling_level, agg=_AGGREGATION[loss_type])
-    if args.delta is not None:
-        options["dual_clip"] = _delta_as_dual_clip(args.delta, clip_high)
-    return LossConfig(policy_loss=options)
+    settings: dict[str, Any] = dict(
+        objective=objective, agg=agg, clip_low=args.epsilon, clip_high=clip_high,
+        kl_coef=args.beta, kl_estimator="k3",
+        kl_bias_correction=bool(args.beta != 0.0 and args.use_bias_correction_kl),
+        ratio_level=args.importance_sampling_level,
+        count_empty_rows=agg.startswith("seq-mean"))
+    if objective == "ppo" and args.delta is not None:
+        settings["ratio_cap"] = args.delta
+    if objective == "cispo":
+        # TRL bounds the weight above by epsilon_high itself and not below
+        if clip_high < 1.0:
+            raise UnsupportedOptionError(
+                f"loss_type='cispo' with epsilon_high={clip_high}: TRL caps the weight at "
+                "epsilon_high, below 1; rlk's cap is 1 + clip_high")
+        settings.update(clip_low=1.0, clip_high=clip_high - 1.0)
+    if objective == "sapo":
+        settings.update(sapo_temperature_pos=args.sapo_temperature_pos,
+                        sapo_temperature_neg=args.sapo_temperature_neg)
+    if objective == "vespo":
+        if args.importance_sampling_level != "token":
+            raise UnsupportedOptionError(
+                "loss_type='vespo' with importance_sampling_level='sequence': rlk's vespo "
+                "weighs sequences itself and takes token-level ratios")
+        settings.update(vespo_k_pos=args.vespo_k_pos, vespo_lambda_pos=args.vespo_lambda_pos,
+                        vespo_k_neg=args.vespo_k_neg, vespo_lambda_neg=args.vespo_lambda_neg)
+    return rlk.PolicyLossOptions(**settings)
 
 
-def _rows_can_be_empty(args: Any) -> bool:
-    return bool(args.mask_truncated_completions or args.max_tool_calling_iterations)
-
-
-def _delta_as_dual_clip(delta: float, clip_high: float) -> float:
-    # min(r, delta) in the unclipped term equals dual-clip at c = delta once delta exceeds
-    # the upper clip bound: positive advantages then never reach delta unclipped
-    if delta <= 1.0 + clip_high:
-        raise UnsupportedOptionError(
-            f"delta={delta} <= 1 + epsilon_high = {1.0 + clip_high}: rlk expresses TRL's "
-            "two-sided clip as dual_clip, which needs delta above the upper clip bound")
-    return float(delta)
+def _normaliser(trainer: Any, inputs: Mapping[str, Any], completions: int,
+                training: bool) -> dict[str, Any]:
+    """The batch-dependent divisor and scale TRL applies for its loss type."""
+    loss_type = trainer.loss_type
+    accumulation = trainer.current_gradient_accumulation_steps if training else 1
+    if loss_type in _GLOBAL_TOKEN_COUNT:
+        tokens = float(inputs["num_items_in_batch"].clamp(min=1.0))
+        tokens /= trainer.accelerator.num_processes
+        if training:
+            tokens *= accumulation / trainer.args.steps_per_generation
+        return {"divisor": tokens, "scale": 1.0}
+    divisor = {"dr_grpo": float(completions * trainer.max_completion_length)}
+    return {**({"divisor": divisor[loss_type]} if loss_type in divisor else {}),
+            "scale": 1.0 / accumulation}
 
 
 def _compute_loss(self: Any, model: Any, inputs: dict[str, Any]) -> Tensor:
     """GRPOTrainer._compute_loss with the loss from rlk.policy_loss (TRL's metrics kept)."""
-    config = loss_config(self.args)
+    options = loss_options(self.args)
     completion_ids = inputs["completion_ids"]
     mask = inputs["completion_mask"]
     if "tool_mask" in inputs:
@@ -180,37 +187,57 @@ def _compute_loss(self: Any, model: Any, inputs: dict[str, Any]) -> Tensor:
         compute_aux_loss=self.aux_loss_enabled,
         **{name: inputs.get(name) for name in _MODEL_INPUTS},
     )
+    advantages = inputs["advantages"]
     old_logps = inputs.get("old_per_token_logps")
-    loss, metrics = rlk.policy_loss(
-        logps, logps.detach() if old_logps is None else old_logps, inputs["advantages"], mask != 0,
-        ref_logp=inputs.get("ref_per_token_logps") if self.beta != 0.0 else None,
-        **config.policy_loss)
+    old_logps = logps.detach() if old_logps is None else old_logps
+    weights = _token_weights(self, inputs, logps, old_logps, advantages, entropies, mask)
     training = self.model.training
-    if config.scale_by_accumulation and training:
-        loss = loss / self.current_gradient_accumulation_steps
+    loss, metrics = rlk.policy_loss(
+        logps, old_logps, advantages, mask,
+        ref_logp=inputs.get("ref_per_token_logps") if self.beta != 0.0 else None,
+        importance_weights=weights, options=options,
+        **_normaliser(self, inputs, completion_ids.size(0), training))
     if self.aux_loss_enabled:
         loss = loss + self.router_aux_loss_coef * aux_loss / _accumulation(self, training)
-    _log_metrics(self, "train" if training else "eval", metrics, entropies, mask, aux_loss,
-                 per_token_clip=config.policy_loss["ratio_level"] == "token")
+    _log_metrics(self, "train" if training else "eval", options, metrics, entropies, mask,
+                 aux_loss)
     return loss
+
+
+def _token_weights(trainer: Any, inputs: Mapping[str, Any], logps: Tensor, old_logps: Tensor,
+                   advantages: Tensor, entropies: Tensor, mask: Tensor) -> Tensor | None:
+    """TRL's factors on each token's policy term: the high-entropy and off-policy masks."""
+    weights = None
+    if trainer.top_entropy_quantile < 1.0:
+        weights = trainer.get_high_entropy_mask(entropies, mask,
+                                                1 - trainer.top_entropy_quantile).float()
+    if trainer.off_policy_mask_threshold is not None:
+        sampled = inputs.get("sampling_per_token_logps", old_logps)
+        keep = trainer.get_off_policy_mask(
+            advantages=advantages.unsqueeze(1) if advantages.dim() == 1 else advantages,
+            per_token_logps=logps, sampling_per_token_logps=sampled, mask=mask,
+            off_policy_threshold=trainer.off_policy_mask_threshold).float()
+        weights = keep if weights is None else weights * keep
+    return weights
 
 
 def _accumulation(trainer: Any, training: bool) -> int:
     return trainer.current_gradient_accumulation_steps if training else 1
 
 
-def _log_metrics(trainer: Any, mode: str, metrics: Mapping[str, Tensor], entropies: Tensor,
-                 mask: Tensor, aux_loss: Tensor | None, *, per_token_clip: bool) -> None:
-    """TRL's metric names, from rlk's token means, reduced over processes as TRL does.
+def _log_metrics(trainer: Any, mode: str, options: rlk.PolicyLossOptions,
+                 metrics: Mapping[str, Tensor], entropies: Tensor, mask: Tensor,
+                 aux_loss: Tensor | None) -> None:
+    """TRL's metric names from rlk's metrics, reduced over processes as TRL does.
 
-    TRL counts a sequence-level ratio's clip fraction per sequence, rlk per token, so
-    that metric is left out at the sequence level rather than logged with another meaning.
+    rlk averages a sequence-level ratio's clip statistics over sequences, as TRL does.
     """
     tokens = mask.sum().float()
+    sequences = torch.tensor(float(mask.shape[0]), device=mask.device)
     logged = trainer._metrics[mode]
 
-    def global_mean(local_mean: Tensor) -> float:
-        totals = trainer.accelerator.reduce(torch.stack([local_mean * tokens, tokens]),
+    def global_mean(local_mean: Tensor, count: Tensor = tokens) -> float:
+        totals = trainer.accelerator.reduce(torch.stack([local_mean * count, count]),
                                             reduction="sum")
         return float(totals[0] / totals[1].clamp(min=1.0))
 
@@ -218,8 +245,14 @@ def _log_metrics(trainer: Any, mode: str, metrics: Mapping[str, Tensor], entropi
         logged["kl"].append(global_mean(metrics["mean_kl"]))
     entropy_mean = (entropies * mask).sum() / tokens.clamp(min=1.0)
     logged["entropy"].append(global_mean(entropy_mean.detach()))
-    if per_token_clip:
-        logged["clip_ratio/region_mean"].append(global_mean(metrics["clip_fraction"]))
+    clip_count = tokens if options.ratio_level == "token" else sequences
+    if options.objective == "ppo":
+        low, high = metrics["clip_low_fraction"], metrics["clip_high_fraction"]
+        # TRL's region is low or high (disjoint: they need advantages of opposite signs)
+        for name, value in (("low_mean", low), ("high_mean", high), ("region_mean", low + high)):
+            logged[f"clip_ratio/{name}"].append(global_mean(value, clip_count))
+    elif options.objective == "cispo":
+        logged["cispo_clip_ratio"].append(global_mean(metrics["clip_high_fraction"], clip_count))
     if aux_loss is not None:
         logged["aux_loss"].append(
             trainer.accelerator.gather_for_metrics(aux_loss).mean().item())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from rlk import dispatch
@@ -55,3 +56,31 @@ def test_explain_and_backends(fresh_rlk, capsys):
     assert main(["backends", "--json"]) == 0
     records = json.loads(capsys.readouterr().out)
     assert any(r["name"] == "native" and r["status"] == "ready" for r in records)
+
+
+def test_explain_refuses_shapes_and_devices_it_cannot_mean(fresh_rlk, capsys):
+    assert main(["explain", "logp", "--shape", "4"]) == 2
+    assert "logp takes --shape N,V" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["explain", "logp", "--shape", "4,8", "--device", "cuda"]) == 2
+        assert "sees no CUDA device" in capsys.readouterr().err
+    assert main(["explain", "logp", "--shape", "4,8", "--device", "tpu"]) == 2
+    assert "--device must name a torch device" in capsys.readouterr().err
+
+
+def test_explain_help_lists_every_op_shape(capsys):
+    from rlk.ops import specs
+
+    with pytest.raises(SystemExit):
+        main(["explain", "--help"])
+    flat = " ".join(capsys.readouterr().out.split())
+    for name, spec in specs().items():
+        assert f"{name} {spec.shape_help}" in flat, name
+
+
+def test_numpy_is_a_dependency_so_no_command_warns_about_it():
+    """torch prints a NumPy warning on import when numpy is absent: rlk-core requires it."""
+    from importlib import metadata
+
+    requirements = metadata.requires("rlk-core") or []
+    assert any(r.startswith("numpy") and "extra ==" not in r for r in requirements), requirements

@@ -19,11 +19,12 @@ import torch
 
 import rlk
 from rlk.bench.timing import host_and_wall_ms
+from rlk.ops.advantages_options import GroupAdvantagesOptions
+from rlk.ops.policy_loss_options import PolicyLossOptions
 from rlk_cuda import advantages, policy_loss
 
 DEVICE = "cuda"
-OPTIONS = dict(clip_low=0.2, clip_high=0.2, dual_clip=None, kl_coef=0.0, kl_estimator="k3",
-               ratio_level="token", agg="token-mean", tis_cap=None)
+OPTIONS = PolicyLossOptions()
 
 
 def report(name: str, call: Callable[[], object], reps: int = 200) -> None:
@@ -48,14 +49,18 @@ def main() -> None:
     mask = (torch.rand(64, 4096, device=DEVICE, generator=gen) > 0.2).float()
     upstream = torch.ones((), device=DEVICE)
     report("kernel policy_loss fwd",
-           lambda: policy_loss.forward(logp, old, adv, mask, None, None, **OPTIONS))
+           lambda: policy_loss.forward(logp, old, adv, mask, None, None, None, OPTIONS))
     report("kernel policy_loss bwd",
-           lambda: policy_loss.backward(upstream, logp, old, adv, mask, None, None, **OPTIONS))
+           lambda: policy_loss.backward(upstream, logp, old, adv, mask, None, None, None,
+                                        OPTIONS))
     leaf = logp.clone().requires_grad_()
     rewards = torch.randn(8192, device=DEVICE)
     ids = torch.arange(8192, device=DEVICE) // 16
-    report("kernel group_advantages",
-           lambda: advantages.forward(rewards, ids, 512, "std", "mean", 1e-6))
+    grpo = GroupAdvantagesOptions()
+    report("kernel group_advantages (ids)",
+           lambda: advantages.forward(rewards, ids, 0, 512, grpo))
+    report("kernel group_advantages (group_size)",
+           lambda: advantages.forward(rewards, None, 16, 512, grpo))
     with rlk.use_backends("cuda"):
         report("rlk.policy_loss fwd", lambda: rlk.policy_loss(logp, old, adv, mask))
         report("rlk.policy_loss fwd, logp requires grad",

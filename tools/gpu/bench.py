@@ -230,8 +230,10 @@ def bench_sample(copy_gbs: float) -> None:
 
 
 def bench_group_advantages() -> None:
+    from rlk.ops.advantages_options import GroupAdvantagesOptions
     from rlk_cuda import advantages
 
+    grpo = GroupAdvantagesOptions()
     n, groups = 8192, 1024
     shape = f"N={n} groups={groups} std/mean"
     rewards = torch.randn(n, device="cuda")
@@ -242,7 +244,7 @@ def bench_group_advantages() -> None:
         shape,
         lambda: {
             "ms": timed(
-                lambda i: advantages.forward(rewards, ids, groups, "std", "mean", 1e-6), reps=50
+                lambda i: advantages.forward(rewards, ids, 0, groups, grpo), reps=50
             )
         },
     )
@@ -257,7 +259,7 @@ def bench_group_advantages() -> None:
         shape,
         lambda: {
             "ms": timed(
-                lambda i: native.forward(rewards, ids, groups, "std", "mean", 1e-6), reps=50
+                lambda i: native.forward(rewards, ids, 0, groups, grpo), reps=50
             )
         },
     )

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Download the wheels the GPU machine needs for rlk-flashinfer's gpu tests into <repo>/.whl/.
+# Download the wheels the GPU machine needs for rlk-flashinfer's gpu tests, and the Liger peer
+# of the benchmark (pure Python over triton, which the machine has), into <repo>/.whl/.
 #
 # The GPU machine has no network; it already holds torch 2.11 (Python 3.12) and every other
 # runtime requirement of flashinfer-python 0.6.8 that `import flashinfer` and its sampling
@@ -17,6 +18,7 @@ set -euo pipefail
 
 FLASHINFER_VERSION="${FLASHINFER_VERSION:-0.6.8}"
 TVM_FFI_VERSION="${TVM_FFI_VERSION:-0.1.15.post2}"
+LIGER_VERSION="${LIGER_VERSION:-0.8.5}"
 PYTHON="${PYTHON:-python3}"
 
 root="$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
@@ -24,7 +26,7 @@ dest="$root/.whl"
 mkdir -p "$dest"
 
 # Keep exactly one version of each: two versions of one package stop the whole install there.
-rm -f "$dest"/flashinfer_python-*.whl "$dest"/apache_tvm_ffi-*.whl
+rm -f "$dest"/flashinfer_python-*.whl "$dest"/apache_tvm_ffi-*.whl "$dest"/liger_kernel-*.whl
 
 platforms=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 \
@@ -34,6 +36,7 @@ done
 
 "$PYTHON" -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp "${platforms[@]}" -d "$dest" \
-  "flashinfer-python==${FLASHINFER_VERSION}" "apache-tvm-ffi==${TVM_FFI_VERSION}"
+  "flashinfer-python==${FLASHINFER_VERSION}" "apache-tvm-ffi==${TVM_FFI_VERSION}" \
+  "liger-kernel==${LIGER_VERSION}"
 
 ls -l "$dest"

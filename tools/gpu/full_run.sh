@@ -8,22 +8,10 @@
 #       tests under compute-sanitizer memcheck and racecheck, beside the other checks)
 # Writes report.{json,csv,md}, time/memory/roofline.png, checks.log and the test suites' full
 # logs under $OUT.
-set -uo pipefail
-start=$(date +%s)
-budget="${RLK_GPU_BUDGET:-540}"
-OUT="${OUT:-$PWD/bench-results}"
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 RLK_STRICT_PLUGINS=1
-export RLK_CUDA_ARCHITECTURES="${RLK_CUDA_ARCHITECTURES:-90a}"
-PY="${PYTHON:-python3}"
-site=/tmp/rlk-site
-say() { echo "=== $* (+$(( $(date +%s) - start ))s)"; }
+. "$(dirname "$0")/common.sh"
 
 say "install peers and rlk"
-"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target "$site" .whl/*.whl || exit 1
-export PYTHONPATH="$site"
-"$PY" -m pip install -q --no-build-isolation --no-deps packages/rlk-core packages/rlk-flashinfer
+install_peers_and_rlk
 "$PY" -m pip install --no-build-isolation --no-deps packages/rlk-cuda >/tmp/build.log 2>&1 \
   || { tail -40 /tmp/build.log; exit 1; }
 
@@ -49,8 +37,7 @@ wait
 for log in $logs; do echo "--- $log"; cat "/tmp/$log.log"; done \
   | tee "$OUT/checks.log"
 
-left=$(( budget - ($(date +%s) - start) - 30 ))
-say "benchmark suite, ${left}s"
-"$PY" benchmarks/profiler.py --peers eager,compile,liger,cce,flashinfer --time-limit "$left" \
+say "benchmark suite, $(( $(left) - 30 ))s"
+"$PY" benchmarks/profiler.py --peers eager,compile,liger,cce,flashinfer --time-limit "$(( $(left) - 30 ))" \
   --output-dir "$OUT" "$@" 2>&1 | tail -60
 say "done"

@@ -11,12 +11,12 @@ RLK_PLUGIN_API = "1.0"
 calls: dict[str, int] = {"fast": 0, "check": 0}
 
 
-def fast_forward(**kwargs):
+def fast_forward(*args, **kwargs):
     calls["fast"] += 1
-    return native_logp.forward(**kwargs)
+    return native_logp.forward(*args, **kwargs)
 
 
-def exploding_forward(**kwargs):
+def exploding_forward(*args, **kwargs):
     raise RuntimeError("kernel launch failed: illegal memory access")
 
 
@@ -59,3 +59,139 @@ class Duplicate:
 fast, picky, exploding, duplicate = Fast(), Picky(), Exploding(), Duplicate()
 for plugin in (fast, picky, exploding, duplicate):
     plugin.RLK_PLUGIN_API = RLK_PLUGIN_API  # type: ignore[attr-defined]
+
+
+# --- plugins that misbehave while loading (test_loader.py) ------------------------------
+
+
+class Reentrant:
+    """Calls rlk from inside its hook, as a plugin checking itself might."""
+
+    seen: list[object] = []
+
+    @rlk.hookimpl
+    def rlk_register(self, registry):
+        self.seen.append(rlk.logp(torch.zeros(1, 3), torch.zeros(1, dtype=torch.long)))
+        self.seen.append([b.name for b in rlk.backends("cpu")])
+        registry.add_backend("reentrant", priority=5)
+
+
+class Hijacker:
+    """Tries to replace native's probe through its registry, then fails."""
+
+    @rlk.hookimpl
+    def rlk_register(self, registry):
+        registry.backends["native"].probe = lambda device: "hijacked"
+        raise RuntimeError("hook failed after meddling")
+
+
+class Annexer:
+    """Adds a kernel to a backend another plugin (Fast) declared."""
+
+    @rlk.hookimpl
+    def rlk_register(self, registry):
+        registry.add_kernel("sample", "fast", "fake_plugins:fast_forward", devices=("cpu",))
+
+
+class Exiting:
+    @rlk.hookimpl
+    def rlk_register(self, registry):
+        raise SystemExit(3)
+
+
+class Interrupting:
+    """Ctrl-C while its hook runs, the first time only."""
+
+    interrupts = 1
+
+    @rlk.hookimpl
+    def rlk_register(self, registry):
+        if Interrupting.interrupts > 0:
+            Interrupting.interrupts -= 1
+            raise KeyboardInterrupt
+        registry.add_backend("interrupting", priority=5)
+
+
+class Slow:
+    delay = 0.0
+
+    @rlk.hookimpl
+    def rlk_register(self, registry):
+        import time
+
+        time.sleep(self.delay)
+        registry.add_backend("slow", priority=5)
+
+
+class Future:
+    """Written for a newer minor plugin API than core speaks."""
+
+    @rlk.hookimpl
+    def rlk_register(self, registry):
+        registry.add_backend("future", priority=5)
+
+
+class Hookless:
+    """Declares an API version but implements no hook."""
+
+    def rlk_register(self, registry):  # not marked with hookimpl
+        registry.add_backend("hookless", priority=5)
+
+
+# --- kernels that break their contract (test_contract.py, test_selection.py) --------------
+
+
+def float64_forward(**kwargs):
+    logp, entropy, lse = native_logp.forward(**kwargs)
+    return logp.double(), entropy, lse
+
+
+def short_forward(**kwargs):
+    logp, entropy, lse = native_logp.forward(**kwargs)
+    return logp[1:], entropy, lse
+
+
+def none_forward(**kwargs):
+    return None
+
+
+def false_check(**_):
+    return False
+
+
+def empty_check(**_):
+    return ""
+
+
+def raising_probe(device):
+    raise OSError("cannot read /dev/faraway")
+
+
+def _single_kernel_plugin(name: str, forward: str, *, backward: str | None = None,
+                          check=None, probe=None, priority: int = 90):
+    class Plugin:
+        @rlk.hookimpl
+        def rlk_register(self, registry):
+            registry.add_backend(name, priority=priority, probe=probe, version="1")
+            registry.add_kernel("logp", name, forward, backward=backward, devices=("cpu",),
+                                check=check)
+
+    plugin = Plugin()
+    plugin.RLK_PLUGIN_API = RLK_PLUGIN_API  # type: ignore[attr-defined]
+    return plugin
+
+
+nobackward = _single_kernel_plugin("nobackward", "fake_plugins:fast_forward")
+float64 = _single_kernel_plugin("float64", "fake_plugins:float64_forward",
+                                backward="rlk.native.logp:backward")
+short = _single_kernel_plugin("short", "fake_plugins:short_forward")
+noneresult = _single_kernel_plugin("noneresult", "fake_plugins:none_forward")
+falsecheck = _single_kernel_plugin("falsecheck", "fake_plugins:fast_forward", check=false_check)
+emptycheck = _single_kernel_plugin("emptycheck", "fake_plugins:fast_forward", check=empty_check)
+badprobe = _single_kernel_plugin("badprobe", "fake_plugins:fast_forward", probe=raising_probe)
+
+reentrant, hijacker, annexer, exiting = Reentrant(), Hijacker(), Annexer(), Exiting()
+interrupting, slow, future, hookless = Interrupting(), Slow(), Future(), Hookless()
+for plugin in (reentrant, hijacker, annexer, exiting, interrupting, slow, hookless):
+    plugin.RLK_PLUGIN_API = RLK_PLUGIN_API  # type: ignore[attr-defined]
+future.RLK_PLUGIN_API = "1.7"  # type: ignore[attr-defined]

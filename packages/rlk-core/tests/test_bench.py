@@ -110,7 +110,8 @@ def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workload, **options) -
 def _with_peers(**peers: Peer):
     from dataclasses import replace
 
-    return replace(logp_workloads.LOGP, name="logp-test", peers=peers)
+    return replace(logp_workloads.LOGP, name="logp-test", peers=peers,
+                   smoke_cases=logp_workloads.SMOKE)
 
 
 def test_a_bad_row_never_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -174,13 +175,18 @@ def test_a_peer_that_overwrites_its_inputs_is_restored_before_each_call(
     from dataclasses import replace
 
     workload = replace(logp_workloads.LOGP_BWD, name="logp-test",
+                       smoke_cases=logp_workloads.LOGP.smoke_cases,
                        peers={"clobber": Peer("clobber", build, mutates=("logits",)),
                               "eager": logp_workloads.LOGP.peers["eager"]})
     rows = _run(tmp_path, monkeypatch, workload, backends=[])
-    assert [r.impl for r in rows] == ["clobber", "eager"]
-    assert rows[0].status == "pass" and rows[0].grad_max_abs_error < 1e-5
-    assert len(seen) > 3 and min(seen) == max(seen) > 0
-    assert rows[1].max_abs_error < 1e-5  # the next row saw the original logits
+    # a dense case, then a strided one (the logits a view into a wider buffer)
+    assert [r.impl for r in rows] == ["clobber", "eager"] * 2
+    assert rows[0].case + " strided" == rows[2].case
+    for clobber, eager in (rows[:2], rows[2:]):
+        assert clobber.status == "pass" and clobber.grad_max_abs_error < 1e-5
+        assert eager.max_abs_error < 1e-5  # the next row saw the original logits
+    assert len(seen) > 3 and min(seen) > 0
+    assert len(set(seen)) == 2  # one value per case: every call saw pristine logits
 
 
 def test_a_backend_variant_runs_under_its_environment(tmp_path: Path,
@@ -237,7 +243,7 @@ def test_time_limit_reports_unrun_rows_and_still_writes(tmp_path: Path) -> None:
                  "--no-summary"])
     assert code == 0
     report = load(tmp_path)
-    assert len(report["rows"]) == 4
+    assert len(report["rows"]) == 6  # logp: a dense and a strided case
     for row in report["rows"]:
         assert row["status"] == "blocked" and "--time-limit" in row["reason"]
     assert "--time-limit" in report["metadata"]["command"]
@@ -323,3 +329,85 @@ def test_host_and_wall_times_count_every_call() -> None:
     host, wall = timing.host_and_wall_ms(lambda: calls.append(1), 7, torch.device("cpu"), warmup=2)
     assert len(calls) == 9
     assert 0.0 < host <= wall
+
+
+def _row(impl: str, kind: str, time_ms: float | None, roofline_pct: float | None = 95.0,
+         status: str = "pass", case: str = "N=8 V=32", note: str = "") -> Row:
+    return Row(workload="logp", op="logp", mode="fwd", case=case, dims={}, dtype="float16",
+               device="cuda", impl=impl, kind=kind, status=status, time_ms=time_ms,
+               roofline_pct=roofline_pct, bound="memory", note=note)
+
+
+def test_findings_flag_rlk_rows_below_the_roofline_floor_or_slower_than_a_peer() -> None:
+    from rlk.bench import findings
+
+    rows = [
+        _row("rlk:cuda", "rlk", 2.0, roofline_pct=50.0),
+        _row("rlk:native", "rlk", 9.0),
+        _row("rlk:fast", "rlk", 0.5, roofline_pct=96.0),
+        _row("rlk:blocked", "rlk", None, None, status="blocked"),
+        _row("liger", "peer", 1.5, roofline_pct=60.0, note="loss in the logits' dtype"),
+        _row("eager", "peer", 4.0),
+        _row("rlk:other-shape", "rlk", 3.0, case="N=16 V=32"),
+    ]
+    findings.flag(rows)
+    cuda, native, fast, blocked, liger, eager, other = rows
+    assert cuda.findings == [
+        "50% of its memory roofline (below 80%)",
+        "slower than liger: 2 ms against 1.5 ms (1.33x; loss in the logits' dtype)"]
+    assert [f.split(":")[0] for f in native.findings] == ["slower than liger", "slower than eager"]
+    assert fast.findings == blocked.findings == liger.findings == eager.findings == []
+    assert other.findings == []  # peers of another shape do not count
+    listed = findings.lines(rows)
+    assert listed[0] == "logp fwd N=8 V=32 float16 rlk:cuda: 50% of its memory roofline (below 80%)"
+    assert len(listed) == 4
+
+
+def test_reports_carry_the_findings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a roofline floor no row can reach, every rlk row is a finding: the JSON, CSV and
+    Markdown reports must all say so."""
+    monkeypatch.setattr("rlk.bench.findings.ROOFLINE_FLOOR_PCT", 1e9)
+    workload = _with_peers(eager=logp_workloads.LOGP.peers["eager"])
+    rows = _run(tmp_path, monkeypatch, workload, backends=["native"])
+    native = [r for r in rows if r.impl == "rlk:native"]
+    assert native and all(any("roofline" in f for f in r.findings) for r in native)
+    report = load(tmp_path)
+    assert len(report["findings"]) >= len(native)
+    assert all("rlk:native" in line for line in report["findings"])
+    with (tmp_path / "report.csv").open() as handle:
+        lines = [line for line in csv.DictReader(handle) if line["impl"] == "rlk:native"]
+    assert lines and all("roofline" in line["findings"] for line in lines)
+    table = (tmp_path / "report.md").read_text()
+    assert "## Findings:" in table and "finding: " in table
+
+
+def test_each_case_runs_in_every_dtype_of_the_sweep() -> None:
+    from rlk.bench import runner
+    from rlk.bench.options import SWEEP_DTYPES, parse_dtypes
+
+    assert (torch.float32, torch.bfloat16, torch.float16) == SWEEP_DTYPES
+    options = Options(workloads=["logp", "policy-loss"], smoke=True,
+                      dtypes=parse_dtypes("float16,bf16,fp16"))
+    assert options.sweep_dtypes == [torch.float16, torch.bfloat16]
+    groups = runner.plan(workloads.select(options.workloads), options)
+    logp = [(g.case.label, g.dtype) for g in groups if g.workload.name == "logp"]
+    assert logp == [(case.label, dtype) for case in logp_workloads.LOGP.smoke_cases
+                    for dtype in (torch.float16, torch.bfloat16)]
+    # a case that pins its dtype (the small ops' float32 inputs) runs once, in it
+    assert {g.dtype for g in groups if g.workload.name == "policy-loss"} == {torch.float32}
+    assert Options(smoke=True).sweep_dtypes == [torch.float32]  # CPU: float32 only
+    with pytest.raises(ValueError, match="int8"):
+        parse_dtypes("bf16,int8")
+
+
+def test_compute_rooflines_use_the_rows_dtype() -> None:
+    """A float32 GEMM row is held to float32's measured rate, not bfloat16's."""
+    from rlk.bench.ceilings import Ceilings
+
+    limits = Ceilings(copy_gbps=1000.0, copy_bytes=1, gemm_tflops=800.0, gemm_size=8192,
+                      gemm_dtype="bfloat16",
+                      gemm_tflops_by_dtype={"bfloat16": 800.0, "float32": 50.0})
+    assert limits.roofline_ms(1e9, 8e14, "bfloat16") == (1000.0, "compute")
+    assert limits.roofline_ms(1e9, 8e14, "float32") == (16000.0, "compute")
+    assert limits.roofline_ms(1e9, 8e14, "float16") == (1000.0, "compute")  # not measured
+    assert limits.roofline_ms(4e9, 0.0, "float32") == (4.0, "memory")

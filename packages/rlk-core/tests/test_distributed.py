@@ -105,6 +105,36 @@ def _check_edge_rows(data: dict[str, torch.Tensor], lo: int, hi: int, group) -> 
     assert torch.isnan(got[0][[1, 3, 6, 7]]).all() and torch.isfinite(got[0][[0, 2, 5]]).all()
 
 
+def _check_linear_policy_loss(data: dict[str, torch.Tensor], lo: int, hi: int, group) -> None:
+    """Every path (default chunks: whole sequences; 2-row chunks: inside sequences for a
+    token-level loss, two passes for GSPO) against the unsharded op."""
+    tokens = data["tokens"].view(1, N)
+    old = torch.full((1, N), -3.0) + data["grad_logp"].view(1, N) * 0.1
+    mask = torch.ones(1, N)
+    mask[0, 7] = 0.0  # a masked position with an out-of-range token
+    settings = [{"kl_coef": 0.05, "ref_logp": old + 0.2, "entropy_coef": 0.01},
+                {"ratio_level": "sequence", "clip_low": 0.03, "clip_high": 0.04}]
+    for chunk_mb in (None, "0.002"):
+        if chunk_mb is not None:
+            os.environ["RLK_NATIVE_CHUNK_MB"] = chunk_mb
+        for options in settings:
+            full = _leaves(data["hidden"], data["weight"], data["bias"])
+            want, _ = rlk.linear_policy_loss(full[0], full[1], tokens, old, torch.ones(1), mask,
+                                             bias=full[2], **options)
+            want.backward()
+            part = _leaves(data["hidden"], data["weight"][lo:hi], data["bias"][lo:hi])
+            got, metrics = rlk.linear_policy_loss(part[0], part[1], tokens, old, torch.ones(1),
+                                                  mask, bias=part[2], group=group, **options)
+            got.backward()
+            case = f"linear_policy_loss {options} chunk {chunk_mb}"
+            _close(case, got, want)
+            _close(f"{case} grad hidden", part[0].grad, full[0].grad)
+            _close(f"{case} grad weight", part[1].grad, full[1].grad[lo:hi])
+            _close(f"{case} grad bias", part[2].grad, full[2].grad[lo:hi])
+            assert metrics["logp"][0, 7] == 0, case
+    os.environ.pop("RLK_NATIVE_CHUNK_MB", None)
+
+
 def _worker(rank: int, world: int, port: int) -> None:
     import torch.distributed as dist
 
@@ -118,6 +148,7 @@ def _worker(rank: int, world: int, port: int) -> None:
         group = dist.new_group(list(range(world)))
         data = _inputs()
         _check_linear_logp(data, lo, hi, group)
+        _check_linear_policy_loss(data, lo, hi, group)
         _check_sharded_logits(data, lo, hi, group)
         _check_edge_rows(data, lo, hi, group)
         rlk.check_inputs(True)

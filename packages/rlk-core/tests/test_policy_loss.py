@@ -504,3 +504,13 @@ def test_opcheck():
         torch.library.opcheck(torch.ops.rlk.policy_loss.default,
                               (logp.clone().requires_grad_(True), old, advantages, mask.float(),
                                ref, rollout, None, *options.flat()))
+
+
+def test_double_backward_is_refused_clearly():
+    logp, old, advantages, mask = _batch()
+    leaf = logp.clone().requires_grad_(True)
+    loss, _ = rlk.policy_loss(leaf, old, advantages, mask)
+    upstream = torch.ones((), requires_grad=True)
+    (grad,) = torch.autograd.grad(loss, leaf, grad_outputs=upstream, create_graph=True)
+    with pytest.raises(RuntimeError, match="marked with @once_differentiable"):
+        grad.sum().backward()

@@ -1,10 +1,12 @@
 // group_advantages: a team of threads per group (32 lanes when groups are small, one block when
 // they are large) computes the group's float64 statistics in a fixed order: deterministic.
 //
-// A first launch checks, chunk by chunk, whether the ids never decrease (consecutive groups,
-// as group_size= gives). Then each group's members are the run [first id >= g, first id > g),
-// found in O(1) for equal groups and by binary search otherwise, and a team reads only its own
-// run. Ids in any other order fall back to each team scanning all ids for its members.
+// Consecutive groups of a fixed size (group_size=) are read as runs [g * size, (g + 1) * size)
+// in one launch. For group ids, a first launch checks, chunk by chunk, whether the ids never
+// decrease; then each group's members are the run [first id >= g, first id > g), found in O(1)
+// for equal groups and by binary search otherwise, and a team reads only its own run. Ids in
+// any other order fall back to each team scanning all ids for its members. Batch std scaling
+// first reduces the whole batch in one block.
 #include <cmath>
 
 #include "common.cuh"
@@ -19,6 +21,7 @@ constexpr int kChunk = kGroupAdvChunk;  // ids checked per block of the ordering
 // wave size the device code has, so the launch shape must not depend on it).
 constexpr int kLanes = 32;
 constexpr int64_t kLanesGroupMax = 4 * kLanes;  // largest mean group size served by 32 lanes
+constexpr int kBatchThreads = 1024;
 
 __global__ void __launch_bounds__(kThreads) ids_ordered_kernel(GroupAdvArgs a) {
   __shared__ int scratch[kThreads / RLK_WARP_SIZE];
@@ -67,6 +70,28 @@ __device__ int64_t first_at_least(const int64_t* ids, int64_t n, int64_t g, int6
   return lo;
 }
 
+// The batch's sample std of its (valid) rewards, 0 with fewer than two: one block, two passes.
+__global__ void __launch_bounds__(kBatchThreads) batch_std_kernel(GroupAdvArgs a) {
+  __shared__ double scratch[kBatchThreads / RLK_WARP_SIZE * 2];
+  double v[2] = {0.0, 0.0};  // count, sum
+  for (int64_t i = threadIdx.x; i < a.N; i += kBatchThreads) {
+    const double r = a.rewards[i];
+    if (a.nan_ignore && r != r) continue;
+    v[0] += 1.0;
+    v[1] += r;
+  }
+  block_sum_array<kBatchThreads>(v, scratch);
+  const double count = v[0], mean = v[1] / fmax(count, 1.0);
+  double sq = 0.0;
+  for (int64_t i = threadIdx.x; i < a.N; i += kBatchThreads) {
+    const double r = a.rewards[i];
+    if (a.nan_ignore && r != r) continue;
+    sq += (r - mean) * (r - mean);
+  }
+  sq = block_sum<kBatchThreads>(sq, scratch);
+  if (threadIdx.x == 0) *a.batch_std = count > 1.0 ? sqrt(sq / (count - 1.0)) : 0.0;
+}
+
 template <int TEAM>
 __global__ void __launch_bounds__(kThreads) group_advantages_kernel(GroupAdvArgs a) {
   __shared__ double scratch[kThreads / RLK_WARP_SIZE];
@@ -76,23 +101,33 @@ __global__ void __launch_bounds__(kThreads) group_advantages_kernel(GroupAdvArgs
   if (g >= a.num_groups) return;  // whole teams of the last block (TEAM is kLanes)
   const int lane = team.lane();
 
-  // The members: the group's run when the ids are ordered, else every index whose id is g.
+  // The members: the group's run when the groups are consecutive, else every index whose id
+  // is g.
   int ordered = 1;
-  const int64_t chunks = (a.N + kChunk - 1) / kChunk;
-  for (int64_t c = lane; c < chunks; c += TEAM) ordered &= a.ordered_chunks[c];
-  ordered = team.min(ordered);
   int64_t begin = 0, end = a.N;
-  if (ordered) {
-    const int64_t size = a.N % a.num_groups == 0 ? a.N / a.num_groups : -1;
-    begin = first_at_least(a.group_ids, a.N, g, size < 0 ? -1 : g * size);
-    end = first_at_least(a.group_ids, a.N, g + 1, size < 0 ? -1 : (g + 1) * size);
+  if (a.group_ids == nullptr) {
+    begin = g * a.group_size;
+    end = begin + a.group_size;
+  } else {
+    const int64_t chunks = (a.N + kChunk - 1) / kChunk;
+    for (int64_t c = lane; c < chunks; c += TEAM) ordered &= a.ordered_chunks[c];
+    ordered = team.min(ordered);
+    if (ordered) {
+      const int64_t size = a.N % a.num_groups == 0 ? a.N / a.num_groups : -1;
+      begin = first_at_least(a.group_ids, a.N, g, size < 0 ? -1 : g * size);
+      end = first_at_least(a.group_ids, a.N, g + 1, size < 0 ? -1 : (g + 1) * size);
+    }
   }
   const auto member = [&](int64_t i) { return ordered || a.group_ids[i] == g; };
+  // a member that enters the statistics (NaN rewards do not under nan="ignore")
+  const auto counted = [&](int64_t i) {
+    return member(i) && !(a.nan_ignore && a.rewards[i] != a.rewards[i]);
+  };
 
   // Pass 1: member count, NaN members, minimum.
   double count = 0.0, nans = 0.0, low = INFINITY;
   for (int64_t i = begin + lane; i < end; i += TEAM) {
-    if (!member(i)) continue;
+    if (!counted(i)) continue;
     const double r = a.rewards[i];
     count += 1.0;
     nans += r != r ? 1.0 : 0.0;
@@ -102,31 +137,37 @@ __global__ void __launch_bounds__(kThreads) group_advantages_kernel(GroupAdvArgs
   nans = team.sum(nans);
   low = team.min(low);
   const bool nan = nans > 0.0;
-  if (count == 0.0) return;
   // Pass 2: sum of rewards centred on the minimum (a constant group sums to exactly 0).
   double sum = 0.0;
   for (int64_t i = begin + lane; i < end; i += TEAM)
-    if (member(i)) sum += static_cast<double>(a.rewards[i]) - low;
+    if (counted(i)) sum += static_cast<double>(a.rewards[i]) - low;
   sum = team.sum(sum);
-  const double mean = sum / count;
-  // Pass 3: sample standard deviation.
-  double std = 0.0;
-  if (a.normalize_std) {
+  const double mean = sum / fmax(count, 1.0);
+  // Pass 3: the group's sample standard deviation.
+  double std = a.normalize == kNormalizeBatchStd ? *a.batch_std : 0.0;
+  if (a.normalize == kNormalizeStd) {
     double sq = 0.0;
     for (int64_t i = begin + lane; i < end; i += TEAM) {
-      if (!member(i)) continue;
+      if (!counted(i)) continue;
       const double d = static_cast<double>(a.rewards[i]) - low - mean;
       sq += d * d;
     }
     sq = team.sum(sq);
     std = sqrt(sq / fmax(count - 1.0, 1.0));
   }
+  const bool single = count == 1.0;
+  if (single && a.singleton_reward && a.normalize == kNormalizeStd) std = 1.0;
   // Pass 4: write the group's advantages.
   for (int64_t i = begin + lane; i < end; i += TEAM) {
     if (!member(i)) continue;
-    const double c = static_cast<double>(a.rewards[i]) - low;
+    if (!counted(i)) {  // a NaN reward under nan="ignore"
+      a.out[i] = 0.0f;
+      continue;
+    }
+    const double r = a.rewards[i], c = r - low;
     double adv = a.leave_one_out ? c - (sum - c) / fmax(count - 1.0, 1.0) : c - mean;
-    if (a.normalize_std && adv != 0.0) adv /= std + a.eps;
+    if (single) adv = a.singleton_reward ? r : 0.0;  // verl: baseline 0 (and std 1)
+    if (a.normalize != kNormalizeNone && adv != 0.0) adv /= std + a.eps;
     a.out[i] = nan ? __int_as_float(0x7fc00000) : static_cast<float>(adv);
   }
 }
@@ -135,16 +176,22 @@ __global__ void __launch_bounds__(kThreads) group_advantages_kernel(GroupAdvArgs
 
 const char* group_advantages(const GroupAdvArgs& a, void* stream) {
   if (a.N == 0 || a.num_groups == 0) return nullptr;
-  const int64_t chunks = (a.N + kChunk - 1) / kChunk;
   constexpr int64_t kTeamsPerBlock = kThreads / kLanes;
   const bool small = a.N / a.num_groups <= kLanesGroupMax;
   const int64_t blocks = small ? (a.num_groups + kTeamsPerBlock - 1) / kTeamsPerBlock
                                : a.num_groups;
+  const int64_t chunks = (a.N + kChunk - 1) / kChunk;
   if (blocks > 0x7fffffffLL || chunks > 0x7fffffffLL) return "group_advantages: too many groups";
   const rlkStream_t s = static_cast<rlkStream_t>(stream);
-  ids_ordered_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, s>>>(a);
-  rlkError_t e = rlkGetLastError();
-  if (e != rlkSuccess) return rlkGetErrorString(e);
+  rlkError_t e = rlkSuccess;
+  if (a.normalize == kNormalizeBatchStd) {
+    batch_std_kernel<<<1, kBatchThreads, 0, s>>>(a);
+    if ((e = rlkGetLastError()) != rlkSuccess) return rlkGetErrorString(e);
+  }
+  if (a.group_ids != nullptr) {
+    ids_ordered_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, s>>>(a);
+    if ((e = rlkGetLastError()) != rlkSuccess) return rlkGetErrorString(e);
+  }
   if (small)
     group_advantages_kernel<kLanes><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(a);
   else

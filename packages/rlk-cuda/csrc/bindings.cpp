@@ -16,6 +16,7 @@
 #endif
 
 namespace nb = nanobind;
+using namespace nb::literals;
 
 namespace {
 
@@ -56,7 +57,7 @@ NB_MODULE(_C, m) {
           rlk::LogpFwdArgs a{ptr<const void>(logits), dtype, M, V, row_stride,
                              ptr<const int64_t>(tokens), ptr<const int64_t>(rows), R, temperature,
                              ptr<const float>(temp_rows), ignore_index, ptr<float>(logp),
-                             logp_stride, ptr<float>(entropy), ptr<float>(lse), ptr<float>(stats),
+                             logp_stride, ptr<float>(entropy), ptr<double>(lse), ptr<float>(stats),
                              nseg, ptr<float>(partial)};
           void* s = reinterpret_cast<void*>(stream);
           check(tma ? rlk::logp_forward_tma(a, s) : rlk::logp_forward(a, s));
@@ -84,7 +85,7 @@ NB_MODULE(_C, m) {
           rlk::LogpBwdArgs a{ptr<const void>(logits), dtype, M, V, row_stride, ptr<void>(grad),
                              grad_dtype, grad_row_stride, ptr<const int64_t>(tokens),
                              ptr<const float>(g_logp),
-                             ptr<const float>(g_ent), ptr<const float>(lse),
+                             ptr<const float>(g_ent), ptr<const double>(lse),
                              ptr<const float>(entropy), temperature, ptr<const float>(temp_rows),
                              ignore_index, col_offset, vocab_total};
           check(rlk::logp_backward(a, reinterpret_cast<void*>(stream)));
@@ -112,7 +113,7 @@ NB_MODULE(_C, m) {
                               vocab_total, ptr<const int64_t>(tokens), temperature,
                               ptr<const float>(temp_rows), ignore_index, chunk, nchunks,
                               ptr<float>(partial), ptr<float>(tok_logit), ptr<float>(logp),
-                              ptr<float>(entropy), ptr<float>(lse)};
+                              ptr<float>(entropy), ptr<double>(lse)};
           void* s = reinterpret_cast<void*>(stream);
           check(phase == 0 ? rlk::logp_cols_partial(a, s) : rlk::logp_cols_merge(a, s));
         });
@@ -130,22 +131,33 @@ NB_MODULE(_C, m) {
         });
 
   m.attr("GROUP_ADVANTAGES_CHUNK") = rlk::kGroupAdvChunk;
-  m.def("group_advantages",
-        [](int device, uintptr_t stream, uintptr_t rewards, uintptr_t group_ids, int64_t N,
-           int64_t num_groups, bool normalize_std, bool leave_one_out, float eps, uintptr_t out,
-           uintptr_t ordered_chunks) {
-          if (N > 0) {
-            require(rewards, "rewards");
-            require(group_ids, "group_ids");
-            require(out, "out");
+  m.def(
+      "group_advantages",
+      [](int device, uintptr_t stream, uintptr_t rewards, uintptr_t group_ids, int64_t N,
+         int64_t num_groups, int64_t group_size, int normalize, bool leave_one_out,
+         bool nan_ignore, bool singleton_reward, float eps, uintptr_t out,
+         uintptr_t ordered_chunks, uintptr_t batch_std) {
+        if (N > 0) {
+          require(rewards, "rewards");
+          require(out, "out");
+          if (group_ids != 0) {
             require(ordered_chunks, "ordered_chunks");
+          } else if (group_size <= 0) {
+            throw std::invalid_argument(RLK_EXT_NAME ": group_advantages needs group_ids or "
+                                        "group_size > 0");
           }
-          prepare(device);
-          rlk::GroupAdvArgs a{ptr<const float>(rewards), ptr<const int64_t>(group_ids), N,
-                              num_groups, normalize_std, leave_one_out, eps, ptr<float>(out),
-                              ptr<int>(ordered_chunks)};
-          check(rlk::group_advantages(a, reinterpret_cast<void*>(stream)));
-        });
+          if (normalize == rlk::kNormalizeBatchStd) require(batch_std, "batch_std");
+        }
+        prepare(device);
+        rlk::GroupAdvArgs a{ptr<const float>(rewards), ptr<const int64_t>(group_ids), N,
+                            num_groups, group_size, normalize, leave_one_out, nan_ignore,
+                            singleton_reward, eps, ptr<float>(out), ptr<int>(ordered_chunks),
+                            ptr<double>(batch_std)};
+        check(rlk::group_advantages(a, reinterpret_cast<void*>(stream)));
+      },
+      nb::kw_only(), "device"_a, "stream"_a, "rewards"_a, "group_ids"_a, "N"_a, "num_groups"_a,
+      "group_size"_a, "normalize"_a, "leave_one_out"_a, "nan_ignore"_a, "singleton_reward"_a,
+      "eps"_a, "out"_a, "ordered_chunks"_a, "batch_std"_a);
 
   m.def("sample",
         [](int device, uintptr_t stream, uintptr_t logits, int dtype, int64_t B, int64_t V,
@@ -167,39 +179,79 @@ NB_MODULE(_C, m) {
           check(rlk::sample(a, reinterpret_cast<void*>(stream)));
         });
 
-  // policy_loss: backward=false writes loss and metrics, backward=true writes grad.
+  // policy_loss: the options as a settings struct (built once per options object), the
+  // tensors as (pointer, element type) pairs; every argument by name.
+  nb::class_<rlk::PolicyLossSettings>(m, "PolicyLossSettings")
+      .def(nb::init<>())
+      .def_rw("objective", &rlk::PolicyLossSettings::objective)
+      .def_rw("ratio_level", &rlk::PolicyLossSettings::ratio_level)
+      .def_rw("clip_low", &rlk::PolicyLossSettings::clip_low)
+      .def_rw("clip_high", &rlk::PolicyLossSettings::clip_high)
+      .def_rw("dual_clip", &rlk::PolicyLossSettings::dual_clip)
+      .def_rw("ratio_cap", &rlk::PolicyLossSettings::ratio_cap)
+      .def_rw("log_ratio_min", &rlk::PolicyLossSettings::log_ratio_min)
+      .def_rw("log_ratio_max", &rlk::PolicyLossSettings::log_ratio_max)
+      .def_rw("sapo_temperature_pos", &rlk::PolicyLossSettings::sapo_temperature_pos)
+      .def_rw("sapo_temperature_neg", &rlk::PolicyLossSettings::sapo_temperature_neg)
+      .def_rw("vespo_k_pos", &rlk::PolicyLossSettings::vespo_k_pos)
+      .def_rw("vespo_lambda_pos", &rlk::PolicyLossSettings::vespo_lambda_pos)
+      .def_rw("vespo_k_neg", &rlk::PolicyLossSettings::vespo_k_neg)
+      .def_rw("vespo_lambda_neg", &rlk::PolicyLossSettings::vespo_lambda_neg)
+      .def_rw("kl_coef", &rlk::PolicyLossSettings::kl_coef)
+      .def_rw("kl_estimator", &rlk::PolicyLossSettings::kl_estimator)
+      .def_rw("kl_straight_through", &rlk::PolicyLossSettings::kl_straight_through)
+      .def_rw("kl_clamp", &rlk::PolicyLossSettings::kl_clamp)
+      .def_rw("kl_bias_correction", &rlk::PolicyLossSettings::kl_bias_correction)
+      .def_rw("tis_cap", &rlk::PolicyLossSettings::tis_cap)
+      .def_rw("agg", &rlk::PolicyLossSettings::agg)
+      .def_rw("divisor", &rlk::PolicyLossSettings::divisor)
+      .def_rw("count_empty_rows", &rlk::PolicyLossSettings::count_empty_rows)
+      .def_rw("scale", &rlk::PolicyLossSettings::scale);
   m.attr("POLICY_LOSS_ROW_STATS") = rlk::kPolicyLossRowStats;
-  m.def("policy_loss",
-        [](bool backward, int device, uintptr_t stream, uintptr_t logp, uintptr_t old_logp,
-           uintptr_t advantages, uintptr_t mask, uintptr_t ref_logp, uintptr_t rollout_logp,
-           int64_t B, int64_t T, bool adv_per_token, float ratio_low, float ratio_high,
-           float dual_clip, float kl_coef, int kl_estimator, bool sequence_ratio, int agg,
-           float tis_cap, uintptr_t rows, uintptr_t loss, uintptr_t metrics, uintptr_t grad_loss,
-           uintptr_t grad) {
-          if (B > 0) {
-            require(rows, "rows");
-            require(advantages, "advantages");
-          }
-          if (B > 0 && T > 0) {
-            require(logp, "logp");
-            require(old_logp, "old_logp");
-            require(mask, "mask");
-            if (backward) require(grad, "grad");
-          }
-          if (backward && B > 0) require(grad_loss, "grad_loss");
-          if (!backward) {
-            require(loss, "loss");
-            require(metrics, "metrics");
-          }
-          prepare(device);
-          rlk::PolicyLossArgs a{ptr<const float>(logp), ptr<const float>(old_logp),
-                                ptr<const float>(advantages), ptr<const float>(mask),
-                                ptr<const float>(ref_logp), ptr<const float>(rollout_logp), B, T,
-                                adv_per_token, ratio_low, ratio_high, dual_clip, kl_coef,
-                                kl_estimator, sequence_ratio, agg, tis_cap, ptr<double>(rows),
-                                ptr<float>(loss), ptr<float>(metrics), ptr<const float>(grad_loss),
-                                ptr<float>(grad)};
-          void* s = reinterpret_cast<void*>(stream);
-          check(backward ? rlk::policy_loss_backward(a, s) : rlk::policy_loss_forward(a, s));
-        });
+  // backward=false writes loss and metrics, backward=true writes grad.
+  m.def(
+      "policy_loss",
+      [](bool backward, int device, uintptr_t stream, uintptr_t logp, int logp_type,
+         uintptr_t old_logp, int old_logp_type, uintptr_t advantages, int advantages_type,
+         uintptr_t mask, int mask_type, uintptr_t ref_logp, int ref_logp_type,
+         uintptr_t rollout_logp, int rollout_logp_type, uintptr_t importance_weights,
+         int importance_weights_type, int64_t B, int64_t T, bool adv_per_token,
+         bool weights_per_token, const rlk::PolicyLossSettings& settings, uintptr_t rows,
+         uintptr_t loss, uintptr_t metrics, uintptr_t grad_loss, uintptr_t grad) {
+        if (B > 0) {
+          require(rows, "rows");
+          require(advantages, "advantages");
+        }
+        if (B > 0 && T > 0) {
+          require(logp, "logp");
+          require(old_logp, "old_logp");
+          require(mask, "mask");
+          if (backward) require(grad, "grad");
+        }
+        if (backward && B > 0) require(grad_loss, "grad_loss");
+        if (!backward) {
+          require(loss, "loss");
+          require(metrics, "metrics");
+        }
+        prepare(device);
+        const auto operand = [](uintptr_t p, int type) {
+          return rlk::Operand{ptr<const void>(p), type};
+        };
+        rlk::PolicyLossArgs a{operand(logp, logp_type), operand(old_logp, old_logp_type),
+                              operand(advantages, advantages_type), operand(mask, mask_type),
+                              operand(ref_logp, ref_logp_type),
+                              operand(rollout_logp, rollout_logp_type),
+                              operand(importance_weights, importance_weights_type), B, T,
+                              adv_per_token, weights_per_token, settings, ptr<double>(rows),
+                              ptr<float>(loss), ptr<float>(metrics), ptr<const float>(grad_loss),
+                              ptr<void>(grad)};
+        void* s = reinterpret_cast<void*>(stream);
+        check(backward ? rlk::policy_loss_backward(a, s) : rlk::policy_loss_forward(a, s));
+      },
+      nb::kw_only(), "backward"_a, "device"_a, "stream"_a, "logp"_a, "logp_type"_a,
+      "old_logp"_a, "old_logp_type"_a, "advantages"_a, "advantages_type"_a, "mask"_a,
+      "mask_type"_a, "ref_logp"_a, "ref_logp_type"_a, "rollout_logp"_a, "rollout_logp_type"_a,
+      "importance_weights"_a, "importance_weights_type"_a, "B"_a, "T"_a, "adv_per_token"_a,
+      "weights_per_token"_a, "settings"_a, "rows"_a, "loss"_a, "metrics"_a, "grad_loss"_a,
+      "grad"_a);
 }

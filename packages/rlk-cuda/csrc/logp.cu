@@ -9,11 +9,15 @@ template <typename T>
 __device__ __forceinline__ void finish_row(const LogpFwdArgs& a, int64_t i, const T* p,
                                            int64_t tok, const RowAcc& r, float inv_t) {
   const float nan = __int_as_float(0x7fc00000);
-  const float log_s = logf(r.s);
+  const float log_s = row_log_sum(r);
   const bool empty = r.m == -INFINITY;
-  if (a.lse) a.lse[i] = empty ? -INFINITY : fmaf(r.m, inv_t, log_s);
+  // m * inv_t is exact in double: the float64 lse carries what float32 would round away
+  if (a.lse) {
+    const double m = r.m, scale = inv_t, rest = log_s;
+    a.lse[i] = empty ? -INFINITY : fma(m, scale, rest);
+  }
   if (a.stats) { a.stats[i] = r.m; a.stats[a.R + i] = empty ? nan : log_s; }
-  if (a.entropy) a.entropy[i] = empty ? nan : log_s - kLn2 * (r.w / r.s);
+  if (a.entropy) a.entropy[i] = empty ? nan : row_entropy(r, log_s);
   if (a.logp) {
     float lp = nan;
     if (!empty && tok >= 0 && tok < a.V) lp = logp_from_stats(to_float(p[tok]), r.m, inv_t, log_s);
@@ -105,6 +109,10 @@ __device__ __forceinline__ void store_grad(O* dst, const float (&x)[W]) {
 // Gradient of a row, written in one pass: (g*(onehot - p) - ge*p*(t + H)) / T with
 // t = x/T - lse, p = exp(t). Rows with no upstream gradient (or ignored) get zeros without
 // reading the logits; an out-of-range token gives NaN. Logits T, gradient O (T or narrower).
+//
+// Precision where one token dominates and x/T is large: the float64 lse is split once per row
+// into a pivot near the row max and a small rest, so t = (x - pivot)/T - rest subtracts the
+// large parts exactly; at the token, 1 - p is -expm1(t), not 1 minus a rounded p.
 template <typename T, typename O, int THREADS, bool ENT>
 __global__ void __launch_bounds__(THREADS) logp_bwd_kernel(LogpBwdArgs a) {
   constexpr int W = VecWidth<T>::value;
@@ -120,20 +128,26 @@ __global__ void __launch_bounds__(THREADS) logp_bwd_kernel(LogpBwdArgs a) {
   else if (tok < 0 || tok >= a.vocab_total) mode = 1;
   const float temp = a.temp_rows ? a.temp_rows[row] : a.temperature;
   const float inv_t = 1.0f / temp;
-  const float lse = a.lse[row];
+  const double lse = a.lse[row];
+  const float pivot = static_cast<float>(lse / inv_t);
+  const float rest = static_cast<float>(lse - static_cast<double>(pivot) * inv_t);
   const float h = ENT ? a.entropy[row] : 0.f;
   const float c1 = -(g + ge * h) * inv_t;  // grad = p * (c1 + c2 * t) + [j == tok] * g / T
   const float c2 = -ge * inv_t;
+  const float c1_ent = -ge * h * inv_t;  // c1 without the logp part, for the token
   const float ctok = g * inv_t;
   const int64_t ltok = tok - a.col_offset;
   const float fill = mode == 1 ? __int_as_float(0x7fc00000) : 0.f;
+  // The gradient at an element with log-probability t, p = exp(t); 0 * inf guarded
+  auto grad_at = [&](float t, float pr, bool is_tok) -> float {
+    if (!is_tok) return ENT ? (pr == 0.f ? 0.f : pr * fmaf(c2, t, c1)) : pr * c1;
+    const float ent = ENT ? (pr == 0.f ? 0.f : pr * fmaf(c2, t, c1_ent)) : 0.f;
+    return fmaf(-ctok, expm1f(t), ent);
+  };
   auto grad_of = [&](int64_t j, float x) -> float {
     if (mode != 2) return fill;
-    const float t = fmaf(x, inv_t, -lse);
-    const float pr = exp2f(t * kLog2e);
-    float gr = ENT ? (pr == 0.f ? 0.f : pr * fmaf(c2, t, c1)) : pr * c1;  // 0 * inf
-    if (j == ltok) gr += ctok;
-    return gr;
+    const float t = fmaf(x - pivot, inv_t, -rest);
+    return grad_at(t, exp2f(t * kLog2e), j == ltok);
   };
   const int64_t V = a.V;
   const int64_t h_in = head_elems(p, V);
@@ -168,10 +182,8 @@ __global__ void __launch_bounds__(THREADS) logp_bwd_kernel(LogpBwdArgs a) {
       const int kt = (dk >= 0 && dk < W) ? static_cast<int>(dk) : -1;
 #pragma unroll
       for (int k = 0; k < W; ++k) {
-        const float t = fmaf(x[k], inv_t, -lse);
-        const float pr = exp2f(t * kLog2e);
-        x[k] = ENT ? (pr == 0.f ? 0.f : pr * fmaf(c2, t, c1)) : pr * c1;
-        if (k == kt) x[k] += ctok;
+        const float t = fmaf(x[k] - pivot, inv_t, -rest);
+        x[k] = grad_at(t, exp2f(t * kLog2e), k == kt);
       }
     } else {
 #pragma unroll

@@ -35,7 +35,7 @@ __global__ void cols_merge_kernel(LogpColsArgs a) {
   const float nan = __int_as_float(0x7fc00000);
   if (tok == a.ignore_index) {
     a.logp[i] = 0.f;
-    a.lse[i] = 0.f;
+    a.lse[i] = 0.0;
     if (ENT) a.entropy[i] = 0.f;
     return;
   }
@@ -45,10 +45,12 @@ __global__ void cols_merge_kernel(LogpColsArgs a) {
   RowAcc r{part[0], part[1], part[2]};
   for (int c = 1; c < a.nchunks; ++c)
     r = acc_combine<ENT>(r, RowAcc{part[3 * c], part[3 * c + 1], part[3 * c + 2]}, sc);
-  const float log_s = logf(r.s);
+  const float log_s = row_log_sum(r);
   const bool empty = r.m == -INFINITY;
-  a.lse[i] = empty ? -INFINITY : fmaf(r.m, inv_t, log_s);
-  if (ENT) a.entropy[i] = empty ? nan : log_s - kLn2 * (r.w / r.s);
+  // m * inv_t is exact in double: the float64 lse carries what float32 would round away
+  const double m = r.m, scale = inv_t, rest = log_s;
+  a.lse[i] = empty ? -INFINITY : fma(m, scale, rest);
+  if (ENT) a.entropy[i] = empty ? nan : row_entropy(r, log_s);
   const bool ok = !empty && tok >= 0 && tok < a.vocab_total;
   a.logp[i] = ok ? logp_from_stats(a.tok_logit[i], r.m, inv_t, log_s) : nan;
 }

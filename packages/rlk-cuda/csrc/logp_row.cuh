@@ -8,11 +8,28 @@
 
 namespace rlk {
 
-// Running statistics in log2 units relative to the row max m (raw logit units):
-// s = sum 2^v_i, w = sum 2^v_i * v_i, with v_i = (x_i - m) * invT * log2(e).
+// Running statistics in log2 units relative to the row max m (raw logit units), with
+// v_i = (x_i - m) * invT * log2(e): s = sum 2^v_i - 1, the sum without one element equal to
+// the max (its 2^0 = 1 is implicit), and w = sum 2^v_i * v_i. Leaving the 1 out keeps s exact
+// to float32's relative precision when one token dominates (s << 1): 1 + s would round away
+// what the backward's 1 - p and the token's logp need. Empty (m = -inf) means s = w = 0.
 struct RowAcc {
   float m, s, w;
 };
+
+// Folds `p` (its implicit 1 made explicit unless `keep_one`) into `r`, whose max is r.m.
+template <bool ENT>
+__device__ __forceinline__ void acc_fold(RowAcc& r, const RowAcc& p, float sc, bool keep_one) {
+  if (keep_one) {  // p's max is r's and p's implicit 1 becomes r's
+    r.s += p.s;
+    if (ENT) r.w += p.w;
+    return;
+  }
+  const float d = (p.m - r.m) * sc, f = exp2f(d);
+  const float full = p.s + 1.f;
+  r.s = fmaf(full, f, r.s);
+  if (ENT) r.w = fmaf(f, fmaf(d, full, p.w), r.w);
+}
 
 template <bool ENT, int N>
 __device__ __forceinline__ void acc_chunk(RowAcc& a, const float (&x)[N], float sc) {
@@ -21,18 +38,19 @@ __device__ __forceinline__ void acc_chunk(RowAcc& a, const float (&x)[N], float 
   for (int i = 1; i < N; ++i) cm = max_nan(cm, x[i]);
   const float mn = max_nan(a.m, cm);
   if (mn == -INFINITY) return;  // only -inf so far: nothing contributes
-  if (!(mn == a.m)) {           // the max moved (or became NaN): rescale what we have
-    if (a.m != -INFINITY) {
-      const float d = (a.m - mn) * sc;
-      const float f = exp2f(d);
-      if (ENT) a.w = f * fmaf(d, a.s, a.w);
-      a.s *= f;
-    }
-    a.m = mn;
+  bool one = mn == a.m;         // whether an earlier element already is the implicit 1
+  if (!one) {                   // the max moved (or became NaN): rescale what we have
+    const RowAcc old = a;
+    a = RowAcc{mn, 0.f, 0.f};
+    if (old.m != -INFINITY) acc_fold<ENT>(a, old, sc, false);
   }
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     const float v = (x[i] - mn) * sc;
+    if (!one && v == 0.f) {  // the first element at the new max: the implicit 1
+      one = true;
+      continue;
+    }
     const float e = exp2f(v);
     a.s += e;
     if (ENT) a.w = fmaf(e, fmaxf(v, -FLT_MAX), a.w);
@@ -44,17 +62,24 @@ __device__ __forceinline__ RowAcc acc_combine(const RowAcc& a, const RowAcc& b, 
   const float mn = max_nan(a.m, b.m);
   if (mn == -INFINITY) return a;
   RowAcc r{mn, 0.f, 0.f};
-  if (a.m != -INFINITY) {
-    const float d = (a.m - mn) * sc, f = exp2f(d);
-    r.s += a.s * f;
-    if (ENT) r.w += f * fmaf(d, a.s, a.w);
-  }
-  if (b.m != -INFINITY) {
-    const float d = (b.m - mn) * sc, f = exp2f(d);
-    r.s += b.s * f;
-    if (ENT) r.w += f * fmaf(d, b.s, b.w);
-  }
+  bool one = false;  // whether r's implicit 1 is taken
+  auto fold = [&](const RowAcc& p) {
+    if (p.m == -INFINITY) return;
+    const bool keep = !one && p.m == mn;
+    one = one || keep;
+    acc_fold<ENT>(r, p, sc, keep);
+  };
+  fold(a);
+  fold(b);
   return r;
+}
+
+// log of the row's shifted sum, log(1 + s), for a row with a finite max.
+__device__ __forceinline__ float row_log_sum(const RowAcc& r) { return log1pf(r.s); }
+
+// Entropy of the row's softmax in nats from its statistics and row_log_sum.
+__device__ __forceinline__ float row_entropy(const RowAcc& r, float log_s) {
+  return log_s - kLn2 * (r.w / (1.f + r.s));
 }
 
 // Block-wide reduction in a fixed order; the result is valid in thread 0.

@@ -20,14 +20,43 @@ __device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
   return c;
 }
 
-// Gumbel(0, 1) noise for token `idx` of the row seeded with `seed`.
-__device__ __forceinline__ float gumbel_noise(uint64_t seed, uint32_t idx) {
+// Philox block `block` of the row seeded with `seed`: the random bits of its tokens
+// 4 * block .. 4 * block + 3.
+__device__ __forceinline__ uint4 philox_block(uint64_t seed, uint32_t block) {
   const uint2 key = make_uint2(static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
-  const uint4 r = philox4x32_10(make_uint4(idx >> 2, 0u, 0x726c6b73u, 0u), key);
+  return philox4x32_10(make_uint4(block, 0u, 0x726c6b73u, 0u), key);
+}
+
+// Gumbel(0, 1) noise for token `idx` from its block's bits.
+__device__ __forceinline__ float gumbel_of(const uint4& r, uint32_t idx) {
   const uint32_t sel = idx & 3u;
   const uint32_t bits = sel == 0 ? r.x : sel == 1 ? r.y : sel == 2 ? r.z : r.w;
   const float u = (static_cast<float>(bits >> 8) + 0.5f) * 5.9604644775390625e-08f;  // (0, 1)
   return -logf(-logf(u));
 }
+
+// Gumbel(0, 1) noise for token `idx` of the row seeded with `seed`.
+__device__ __forceinline__ float gumbel_noise(uint64_t seed, uint32_t idx) {
+  return gumbel_of(philox_block(seed, idx >> 2), idx);
+}
+
+// gumbel_noise for a thread that visits a row's tokens in increasing runs (a vector's
+// elements): one Philox block serves four neighbouring tokens instead of one, the same bits.
+struct GumbelRun {
+  uint64_t seed;
+  uint32_t block;  // the block `bits` holds; none at first (idx < 2^31 never reaches it)
+  uint4 bits;
+
+  __device__ __forceinline__ explicit GumbelRun(uint64_t s)
+      : seed(s), block(0xffffffffu), bits(make_uint4(0u, 0u, 0u, 0u)) {}
+
+  __device__ __forceinline__ float operator()(uint32_t idx) {
+    if (idx >> 2 != block) {
+      block = idx >> 2;
+      bits = philox_block(seed, block);
+    }
+    return gumbel_of(bits, idx);
+  }
+};
 
 }  // namespace rlk

@@ -1,11 +1,14 @@
-// policy_loss: the clipped surrogate with its KL, GSPO and TIS options, in two launches each way.
+// policy_loss: every rlk.PolicyLossOptions option, in two launches each way.
 //
-// Forward: one block per sequence sums its per-token terms, token count and metric terms into
-// a row of float64 partials; one single-block kernel reduces the rows in a fixed order and
-// applies the aggregation. Backward: one block per sequence finds its token count (and, for the
-// GSPO sequence ratio, the sum of its token slopes); then every block reduces those counts in
-// the same fixed order and writes its sequences' gradients. No float atomics: deterministic.
-// The per-token math follows rlk.native.policy_loss in float32; masked tokens are never used.
+// Forward: one block per sequence first finds the sequence's statistic when the options need
+// one (the GSPO mean log ratio, VESPO's log weight), then sums its per-token terms, token count
+// and metric terms into a row of float64 partials; one single-block kernel reduces the rows in
+// a fixed order and applies the aggregation. Backward: one block per sequence finds its token
+// count, its statistic and (exact sequence ratio) the sum of its terms' derivatives through the
+// ratio; then every block reduces the counts in the same fixed order and writes its sequences'
+// gradients. No float atomics: deterministic. The per-token math is rlk.native.policy_loss's,
+// in float32; every input is read in its own element type; masked tokens are never read past
+// the mask, so NaN or inf there is harmless.
 #include <cmath>
 
 #include "common.cuh"
@@ -14,62 +17,45 @@
 namespace rlk {
 namespace {
 
-constexpr int kRowThreads = 512;
+constexpr int kThreads = 256;
+constexpr int kUnroll = 4;  // tokens in flight per thread
 constexpr int kFinalThreads = 256;
 constexpr int kMaxGradBlocks = 1024;  // grad blocks loop over sequences beyond this
-constexpr int kRowStats = kPolicyLossRowStats;
-constexpr int kRowWarps = kRowThreads / RLK_WARP_SIZE;
+constexpr int kWarps = kThreads / RLK_WARP_SIZE;
+constexpr float kVespoLogRatioBound = 20.0f;   // TRL's per-token log-ratio clamp
+constexpr float kVespoLogWeightMin = -18.420680743952367f;  // log(1e-8)
+constexpr float kVespoLogWeightMax = 20.0f;
 
-// Forward row partials, then backward row partials (same scratch layout, fewer columns).
-enum RowStat { kTerm, kTokens, kClipped, kRatio, kKl, kTruncated };
-enum GradRowStat { kGradTokens, kSlopeSum };
-enum Aggregation { kTokenMean, kSeqMeanTokenMean, kSeqMeanTokenSum, kSeqMeanTokenSumNorm };
+enum Objective { kPpo, kCispo, kSapo, kVespo };
+enum RatioLevel { kTokenRatio, kSequenceRatio, kSequenceTokenRatio };
+enum KlEstimator { kK1, kK2, kK3, kAbs };
+enum Aggregation { kTokenMean, kTokenSum, kSeqMeanTokenMean, kSeqMeanTokenSum, kSeqMeanTokenSumNorm };
+// Forward row partials, then backward row partials (same scratch, fewer columns).
+enum RowStat { kTerm, kTokens, kClipped, kClipLow, kClipHigh, kDual, kRatio, kKl, kTruncated };
+enum GradRowStat { kGradTokens, kGradSequence, kGradThroughRatio };
+constexpr int kMetrics = 7;  // kClipped .. kTruncated
+static_assert(kPolicyLossRowStats == kTruncated + 1, "row layout");
 
-struct Token {
-  float mask, logp, old, adv, ref, rollout;
-};
-
-template <int kVec>
-__device__ __forceinline__ void load(const float* p, float (&out)[kVec]) {
-  if constexpr (kVec == 4) {
-    const float4 q = *reinterpret_cast<const float4*>(p);
-    out[0] = q.x, out[1] = q.y, out[2] = q.z, out[3] = q.w;
-  } else {
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) out[j] = p[j];
+__device__ __forceinline__ float load(const Operand& o, int64_t i) {
+  switch (o.type) {
+    case kElemF32: return static_cast<const float*>(o.data)[i];
+    case kElemBF16: return to_float(static_cast<const bf16_t*>(o.data)[i]);
+    case kElemF16: return to_float(static_cast<const f16_t*>(o.data)[i]);
+    case kElemF64: return static_cast<float>(static_cast<const double*>(o.data)[i]);
+    case kElemU8: return static_cast<float>(static_cast<const uint8_t*>(o.data)[i]);
+    case kElemI8: return static_cast<float>(static_cast<const int8_t*>(o.data)[i]);
+    case kElemI16: return static_cast<float>(static_cast<const int16_t*>(o.data)[i]);
+    case kElemI32: return static_cast<float>(static_cast<const int32_t*>(o.data)[i]);
+    default: return static_cast<float>(static_cast<const int64_t*>(o.data)[i]);
   }
 }
 
-// Tokens [t, t + kVec) of sequence b (absent optional inputs read as 0).
-template <int kVec>
-__device__ __forceinline__ void load_tokens(const PolicyLossArgs& a, int64_t b, int64_t t,
-                                            Token (&x)[kVec]) {
-  const int64_t at = b * a.T + t;
-  float mask[kVec], logp[kVec], old[kVec], adv[kVec], ref[kVec] = {}, rollout[kVec] = {};
-  load<kVec>(a.mask + at, mask);
-  load<kVec>(a.logp + at, logp);
-  load<kVec>(a.old_logp + at, old);
-  if (a.adv_per_token) {
-    load<kVec>(a.advantages + at, adv);
-  } else {
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) adv[j] = a.advantages[b];
-  }
-  if (a.ref_logp != nullptr) load<kVec>(a.ref_logp + at, ref);
-  if (a.rollout_logp != nullptr) load<kVec>(a.rollout_logp + at, rollout);
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) x[j] = Token{mask[j], logp[j], old[j], adv[j], ref[j], rollout[j]};
-}
-
-// Calls f(token) for every token of sequence b whose mask is set, in a fixed thread layout.
-template <int kVec, typename F>
-__device__ __forceinline__ void for_each_active(const PolicyLossArgs& a, int64_t b, F f) {
-  for (int64_t t = static_cast<int64_t>(threadIdx.x) * kVec; t < a.T; t += kRowThreads * kVec) {
-    Token x[kVec];
-    load_tokens<kVec>(a, b, t, x);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j)
-      if (x[j].mask != 0.0f) f(x[j]);
+__device__ __forceinline__ void store(void* p, int type, int64_t i, float v) {
+  switch (type) {
+    case kElemBF16: static_cast<bf16_t*>(p)[i] = from_float<bf16_t>(v); break;
+    case kElemF16: static_cast<f16_t*>(p)[i] = from_float<f16_t>(v); break;
+    case kElemF64: static_cast<double*>(p)[i] = static_cast<double>(v); break;
+    default: static_cast<float*>(p)[i] = v;
   }
 }
 
@@ -78,214 +64,328 @@ __device__ __forceinline__ float clamp(float v, float low, float high) {
   return v < low ? low : (v > high ? high : v);
 }
 
-struct Terms {
-  float ratio;
-  float value;     // clipped surrogate times the TIS weight
-  float slope;     // its derivative w.r.t. the log ratio (0 where clipping stops the gradient)
-  float kl;        // KL estimate (0 without ref_logp)
-  float kl_slope;  // its derivative w.r.t. logp
-  bool clipped;    // the clipped branch was taken (the clip fraction metric)
-  bool truncated;  // the TIS weight hit its cap
+struct Token {
+  bool real;
+  float logp, old, adv, ref, rollout, weight;
 };
 
+// Token t of sequence b (absent inputs read as 0, an absent weight as 1).
+__device__ __forceinline__ Token load_token(const PolicyLossArgs& a, int64_t b, int64_t t) {
+  const int64_t at = b * a.T + t;
+  Token x{};
+  x.real = load(a.mask, at) != 0.0f;
+  if (!x.real) return x;
+  x.logp = load(a.logp, at);
+  x.old = load(a.old_logp, at);
+  x.adv = load(a.advantages, a.adv_per_token ? at : b);
+  if (a.ref_logp.data != nullptr) x.ref = load(a.ref_logp, at);
+  if (a.rollout_logp.data != nullptr) x.rollout = load(a.rollout_logp, at);
+  x.weight = a.importance_weights.data != nullptr
+                 ? load(a.importance_weights, a.weights_per_token ? at : b)
+                 : 1.0f;
+  return x;
+}
+
+// Calls f(token, t) for every real token of sequence b, kUnroll tokens in flight per thread.
+template <typename F>
+__device__ __forceinline__ void for_each_real(const PolicyLossArgs& a, int64_t b, F f) {
+  for (int64_t t0 = threadIdx.x; t0 < a.T; t0 += static_cast<int64_t>(kThreads) * kUnroll) {
+    Token x[kUnroll];
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const int64_t t = t0 + static_cast<int64_t>(j) * kThreads;
+      x[j] = t < a.T ? load_token(a, b, t) : Token{};
+    }
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j)
+      if (x[j].real) f(x[j], t0 + static_cast<int64_t>(j) * kThreads);
+  }
+}
+
+// The importance weight on a token's policy term and whether the TIS cap truncated it.
+__device__ __forceinline__ float importance_weight(const PolicyLossArgs& a, const Token& x,
+                                                   bool* truncated) {
+  float w = 1.0f;
+  *truncated = false;
+  if (a.rollout_logp.data != nullptr) {
+    w = expf(x.old - x.rollout);
+    if (a.s.tis_cap > 0.0f) {
+      *truncated = w > a.s.tis_cap;
+      w = *truncated ? a.s.tis_cap : w;
+    }
+  }
+  return a.importance_weights.data != nullptr ? w * x.weight : w;
+}
+
+__device__ __forceinline__ bool has_weight(const PolicyLossArgs& a) {
+  return a.rollout_logp.data != nullptr || a.importance_weights.data != nullptr;
+}
+
+struct Terms {
+  float value;           // the token's term: policy term (times its weight) + kl_coef * KL
+  float grad_logp;       // d value / d logp with the log ratio held fixed
+  float grad_log_ratio;  // d value / d log ratio
+  float stats[kMetrics]; // clipped, clip low, clip high, dual clipped, ratio, KL, truncated
+};
+
+// rlk.native.policy_loss.token_terms for one real token. `log_ratio`: the token's, or its
+// sequence's; `sequence`: VESPO's log sequence weight.
 __device__ __forceinline__ Terms token_terms(const PolicyLossArgs& a, const Token& x,
-                                             float log_ratio) {
-  Terms r;
-  r.ratio = expf(log_ratio);
-  float tis = 1.0f;
-  r.truncated = false;
-  if (a.rollout_logp != nullptr) {
-    tis = expf(x.old - x.rollout);
-    if (a.tis_cap > 0.0f) {
-      r.truncated = tis > a.tis_cap;
-      tis = r.truncated ? a.tis_cap : tis;
+                                             float log_ratio, float sequence) {
+  const PolicyLossSettings& s = a.s;
+  Terms r{};
+  const bool passes = !(log_ratio < s.log_ratio_min || log_ratio > s.log_ratio_max);
+  const float ratio = expf(clamp(log_ratio, s.log_ratio_min, s.log_ratio_max));
+  bool truncated;
+  const float weight = importance_weight(a, x, &truncated);
+  const float lo = 1.0f - s.clip_low, hi = 1.0f + s.clip_high;
+  float policy = 0.0f, policy_logp = 0.0f, through = 0.0f;
+  float* st = r.stats;
+  switch (s.objective) {
+    case kPpo: {
+      const bool capped_on = s.ratio_cap > 0.0f;
+      const float capped = capped_on && ratio > s.ratio_cap ? s.ratio_cap : ratio;
+      const float plain = -x.adv * capped;
+      const float clipped = -x.adv * clamp(ratio, lo, hi);
+      const bool took = clipped > plain;
+      policy = max_nan(plain, clipped);
+      // "not outside" so that a NaN ratio keeps its gradient (NaN) instead of a silent 0
+      const bool inside = !(ratio < lo || ratio > hi);
+      const bool below_cap = !capped_on || !(ratio > s.ratio_cap);
+      through = -x.adv * ((took ? inside : below_cap) ? 1.0f : 0.0f);
+      bool dual = false;
+      if (s.dual_clip > 0.0f) {
+        const float floor = -x.adv * s.dual_clip;
+        dual = x.adv < 0.0f && policy > floor;
+        policy = dual ? floor : policy;
+        through = dual ? 0.0f : through;
+      }
+      st[0] = took ? 1.0f : 0.0f;
+      st[1] = capped < lo && x.adv < 0.0f ? 1.0f : 0.0f;
+      st[2] = capped > hi && x.adv > 0.0f ? 1.0f : 0.0f;
+      st[3] = dual ? 1.0f : 0.0f;
+      break;
+    }
+    case kCispo: {
+      const float bounded = clamp(ratio, lo, hi);
+      policy = -bounded * x.adv * x.logp;
+      policy_logp = -bounded * x.adv;
+      st[0] = ratio < lo || ratio > hi ? 1.0f : 0.0f;
+      st[1] = ratio < lo && x.adv < 0.0f ? 1.0f : 0.0f;
+      st[2] = ratio > hi && x.adv > 0.0f ? 1.0f : 0.0f;
+      break;
+    }
+    case kSapo: {
+      const float tau = x.adv > 0.0f ? s.sapo_temperature_pos : s.sapo_temperature_neg;
+      const float gate = 1.0f / (1.0f + expf(-tau * (ratio - 1.0f)));
+      policy = -x.adv * gate * 4.0f / tau;
+      through = -x.adv * 4.0f * gate * (1.0f - gate);
+      break;
+    }
+    default: {  // VESPO: phi of the sequence weight, detached; non-finite phi counts as 0
+      const bool nonneg = x.adv >= 0.0f;
+      const float k = nonneg ? s.vespo_k_pos : s.vespo_k_neg;
+      const float lam = nonneg ? s.vespo_lambda_pos : s.vespo_lambda_neg;
+      float phi = expf(lam + k * sequence - lam * expf(sequence));
+      phi = isfinite(phi) ? phi : 0.0f;
+      policy = -phi * x.adv * x.logp;
+      policy_logp = -phi * x.adv;
     }
   }
-  const float plain = -x.adv * r.ratio;
-  const float clipped = -x.adv * clamp(r.ratio, a.ratio_low, a.ratio_high);
-  float surrogate = max_nan(plain, clipped);
-  bool flows = plain >= clipped;
-  if (a.dual_clip > 0.0f) {
-    const float floor = -x.adv * a.dual_clip;
-    const bool dual = x.adv < 0.0f && floor < surrogate;
-    surrogate = dual ? floor : surrogate;
-    flows = flows && !dual;
+  through = passes ? through * ratio : 0.0f;
+  if (has_weight(a) && s.objective != kVespo) {
+    policy *= weight;
+    policy_logp *= weight;
+    through *= weight;
   }
-  r.clipped = clipped > plain;
-  r.value = surrogate * tis;
-  r.slope = (flows ? plain : 0.0f) * tis;
-  r.kl = r.kl_slope = 0.0f;
-  if (a.ref_logp != nullptr) {
+  float kl = 0.0f;
+  r.value = policy;
+  r.grad_logp = policy_logp;
+  if (a.ref_logp.data != nullptr) {
     const float delta = x.logp - x.ref;
-    if (a.kl_estimator == 1) {
-      r.kl = delta, r.kl_slope = 1.0f;
-    } else if (a.kl_estimator == 2) {
-      r.kl = 0.5f * delta * delta, r.kl_slope = delta;
-    } else {
-      const float back = expf(-delta);
-      r.kl = back - 1.0f + delta, r.kl_slope = 1.0f - back;
+    float slope;
+    switch (s.kl_estimator) {
+      case kK1: kl = delta, slope = 1.0f; break;
+      case kK2: kl = 0.5f * delta * delta, slope = delta; break;
+      case kK3: {
+        const float back = expf(-delta);
+        kl = back - 1.0f + delta, slope = 1.0f - back;
+        break;
+      }
+      default:  // abs; torch.sign(NaN) is 0
+        kl = fabsf(delta), slope = delta > 0.0f ? 1.0f : (delta < 0.0f ? -1.0f : 0.0f);
     }
+    if (s.kl_clamp > 0.0f) {
+      const bool inside = !(kl < -s.kl_clamp || kl > s.kl_clamp);
+      kl = clamp(kl, -s.kl_clamp, s.kl_clamp);
+      slope = inside ? slope : 0.0f;
+    }
+    if (s.kl_straight_through) slope = delta;
+    float kl_through = 0.0f;
+    if (s.kl_bias_correction) {
+      kl *= ratio;
+      slope *= ratio;
+      kl_through = passes ? kl : 0.0f;
+    }
+    r.value = policy + s.kl_coef * kl;
+    r.grad_logp = policy_logp + s.kl_coef * slope;
+    through = through + s.kl_coef * kl_through;
   }
+  r.grad_log_ratio = through;
+  st[4] = ratio;
+  st[5] = kl;
+  st[6] = truncated ? 1.0f : 0.0f;
   return r;
 }
 
-// The GSPO sequence log ratio: the mean token log ratio of sequence b (0 when it is empty).
-// Every thread of the block gets it.
-template <int kVec>
-__device__ __forceinline__ float sequence_log_ratio(const PolicyLossArgs& a, int64_t b,
-                                                    double* scratch) {
-  double v[2] = {0.0, 0.0};
-  for_each_active<kVec>(a, b, [&](const Token& x) {
-    v[0] += static_cast<double>(x.logp - x.old);
-    v[1] += 1.0;
-  });
-  block_sum_array<kRowThreads>(v, scratch);
-  return v[1] > 0.0 ? static_cast<float>(v[0] / v[1]) : 0.0f;
+__device__ __forceinline__ bool needs_sequence(const PolicyLossSettings& s) {
+  return s.ratio_level != kTokenRatio || s.objective == kVespo;
 }
 
-template <int kVec>
-__global__ void __launch_bounds__(kRowThreads) forward_rows_kernel(PolicyLossArgs a) {
-  __shared__ double scratch[kRowWarps * kRowStats];
-  const int64_t b = blockIdx.x;
-  const float seq_log_ratio = a.sequence_ratio ? sequence_log_ratio<kVec>(a, b, scratch) : 0.0f;
-  const bool kl_in_loss = a.ref_logp != nullptr && a.kl_coef != 0.0f;
-  double v[kRowStats] = {};
-  for_each_active<kVec>(a, b, [&](const Token& x) {
-    const Terms t = token_terms(a, x, a.sequence_ratio ? seq_log_ratio : x.logp - x.old);
-    v[kTerm] += static_cast<double>(kl_in_loss ? t.value + a.kl_coef * t.kl : t.value);
-    v[kTokens] += 1.0;
-    v[kClipped] += t.clipped ? 1.0 : 0.0;
-    v[kRatio] += static_cast<double>(t.ratio);
-    v[kKl] += static_cast<double>(t.kl);
-    v[kTruncated] += t.truncated ? 1.0 : 0.0;
+// The sequence's statistic (rlk.native.policy_loss.sequence_statistics), on every thread:
+// the mean log ratio of a sequence-level ratio, VESPO's clamped log sequence weight.
+__device__ float sequence_statistic(const PolicyLossArgs& a, int64_t b, double* scratch) {
+  double v[2] = {0.0, 0.0};
+  const bool vespo = a.s.objective == kVespo;
+  for_each_real(a, b, [&](const Token& x, int64_t) {
+    if (vespo) {
+      v[0] += clamp(x.logp - x.old, -kVespoLogRatioBound, kVespoLogRatioBound);
+      if (has_weight(a)) {
+        bool truncated;
+        v[0] += clamp(logf(importance_weight(a, x, &truncated)), kVespoLogWeightMin,
+                      kVespoLogWeightMax);
+      }
+    } else {
+      v[0] += static_cast<double>(x.logp - x.old);
+    }
+    v[1] += 1.0;
   });
-  block_sum_array<kRowThreads>(v, scratch);
+  block_sum_array<kThreads>(v, scratch);
+  if (vespo) return clamp(static_cast<float>(v[0]), kVespoLogWeightMin, kVespoLogWeightMax);
+  return static_cast<float>(v[0] / fmax(v[1], 1.0));
+}
+
+__device__ __forceinline__ float token_log_ratio(const PolicyLossArgs& a, const Token& x,
+                                                 float sequence) {
+  return a.s.ratio_level == kTokenRatio || a.s.objective == kVespo ? x.logp - x.old : sequence;
+}
+
+__global__ void __launch_bounds__(kThreads) forward_rows_kernel(PolicyLossArgs a) {
+  __shared__ double scratch[kWarps * kPolicyLossRowStats];
+  const int64_t b = blockIdx.x;
+  const float sequence = needs_sequence(a.s) ? sequence_statistic(a, b, scratch) : 0.0f;
+  double v[kPolicyLossRowStats] = {};
+  for_each_real(a, b, [&](const Token& x, int64_t) {
+    const Terms t = token_terms(a, x, token_log_ratio(a, x, sequence), sequence);
+    v[kTerm] += static_cast<double>(t.value);
+    v[kTokens] += 1.0;
+#pragma unroll
+    for (int k = 0; k < kMetrics; ++k) v[kClipped + k] += static_cast<double>(t.stats[k]);
+  });
+  block_sum_array<kThreads>(v, scratch);
   if (threadIdx.x == 0)
 #pragma unroll
-    for (int k = 0; k < kRowStats; ++k) a.rows[b * kRowStats + k] = v[k];
+    for (int k = 0; k < kPolicyLossRowStats; ++k) a.rows[b * kPolicyLossRowStats + k] = v[k];
+}
+
+// The aggregation's divisor from the token count, sequence count and shape.
+__device__ __forceinline__ double divisor(const PolicyLossArgs& a, double tokens,
+                                          double nonempty) {
+  if (a.s.divisor > 0.0) return a.s.divisor;
+  const double sequences = a.s.count_empty_rows ? static_cast<double>(a.B) : nonempty;
+  switch (a.s.agg) {
+    case kTokenMean: return fmax(tokens, 1.0);
+    case kTokenSum: return 1.0;
+    case kSeqMeanTokenSumNorm: return fmax(sequences * static_cast<double>(a.T), 1.0);
+    default: return fmax(sequences, 1.0);
+  }
 }
 
 // The rows in a fixed order, the aggregation, the metrics.
 __global__ void __launch_bounds__(kFinalThreads) forward_final_kernel(PolicyLossArgs a) {
-  enum { kLoss, kAllTokens, kSequences, kAllClipped, kAllRatio, kAllKl, kAllTruncated, kN };
+  enum { kTotal, kAllTokens, kNonempty, kSums, kN = kSums + kMetrics };
   __shared__ double scratch[kFinalThreads / RLK_WARP_SIZE * kN];
+  const bool sequence_clips = a.s.ratio_level != kTokenRatio;
   double v[kN] = {};
   for (int64_t b = threadIdx.x; b < a.B; b += kFinalThreads) {
-    const double* row = a.rows + b * kRowStats;
+    const double* row = a.rows + b * kPolicyLossRowStats;
     const double tokens = row[kTokens];
-    const bool per_sequence_mean = a.agg == kSeqMeanTokenMean;
-    v[kLoss] += per_sequence_mean ? (tokens > 0.0 ? row[kTerm] / tokens : 0.0) : row[kTerm];
+    const bool mean_of_row = a.s.agg == kSeqMeanTokenMean;
+    v[kTotal] += mean_of_row ? (tokens > 0.0 ? row[kTerm] / tokens : 0.0) : row[kTerm];
     v[kAllTokens] += tokens;
-    v[kSequences] += tokens > 0.0 ? 1.0 : 0.0;
-    v[kAllClipped] += row[kClipped];
-    v[kAllRatio] += row[kRatio];
-    v[kAllKl] += row[kKl];
-    v[kAllTruncated] += row[kTruncated];
+    v[kNonempty] += tokens > 0.0 ? 1.0 : 0.0;
+#pragma unroll
+    for (int k = 0; k < kMetrics; ++k) {
+      const bool per_sequence = sequence_clips && k < 4;  // clip statistics, per sequence
+      const double value = row[kClipped + k];
+      v[kSums + k] += per_sequence ? (tokens > 0.0 ? value / tokens : 0.0) : value;
+    }
   }
   block_sum_array<kFinalThreads>(v, scratch);
   if (threadIdx.x != 0) return;
-  const double count = fmax(v[kAllTokens], 1.0);
-  double divisor = count;
-  if (a.agg == kSeqMeanTokenMean || a.agg == kSeqMeanTokenSum) divisor = fmax(v[kSequences], 1.0);
-  if (a.agg == kSeqMeanTokenSumNorm) divisor = fmax(static_cast<double>(a.B) * a.T, 1.0);
-  *a.loss = static_cast<float>(v[kLoss] / divisor);
-  a.metrics[0] = static_cast<float>(v[kAllClipped] / count);
-  a.metrics[1] = static_cast<float>(v[kAllRatio] / count);
-  a.metrics[2] = static_cast<float>(v[kAllKl] / count);
-  a.metrics[3] = static_cast<float>(v[kAllTruncated] / count);
-}
-
-// Backward, pass 1: each sequence's token count and, for the sequence ratio, its slope sum.
-template <int kVec>
-__global__ void __launch_bounds__(kRowThreads) backward_rows_kernel(PolicyLossArgs a) {
-  __shared__ double scratch[kRowWarps * 2];
-  const int64_t b = blockIdx.x;
-  const float log_ratio = a.sequence_ratio ? sequence_log_ratio<kVec>(a, b, scratch) : 0.0f;
-  double v[2] = {0.0, 0.0};
-  for_each_active<kVec>(a, b, [&](const Token& x) {
-    v[kGradTokens] += 1.0;
-    if (a.sequence_ratio) v[kSlopeSum] += static_cast<double>(token_terms(a, x, log_ratio).slope);
-  });
-  block_sum_array<kRowThreads>(v, scratch);
-  if (threadIdx.x == 0) {
-    a.rows[b * kRowStats + kGradTokens] = v[kGradTokens];
-    a.rows[b * kRowStats + kSlopeSum] = v[kSlopeSum];
+  *a.loss = static_cast<float>(a.s.scale * v[kTotal] / divisor(a, v[kAllTokens], v[kNonempty]));
+  for (int k = 0; k < kMetrics; ++k) {
+    const double count = sequence_clips && k < 4 ? v[kNonempty] : v[kAllTokens];
+    a.metrics[k] = static_cast<float>(v[kSums + k] / fmax(count, 1.0));
   }
 }
 
-// The weight of every token of a sequence with `tokens` tokens in the aggregated loss.
-__device__ __forceinline__ float token_weight(const PolicyLossArgs& a, double tokens,
-                                              double all_tokens, double sequences) {
-  switch (a.agg) {
-    case kTokenMean:
-      return static_cast<float>(1.0 / fmax(all_tokens, 1.0));
-    case kSeqMeanTokenMean:
-      return tokens > 0.0 ? static_cast<float>(1.0 / tokens / fmax(sequences, 1.0)) : 0.0f;
-    case kSeqMeanTokenSum:
-      return static_cast<float>(1.0 / fmax(sequences, 1.0));
-    default:
-      return static_cast<float>(1.0 / fmax(static_cast<double>(a.B) * a.T, 1.0));
+// Backward, pass 1: each sequence's token count, its statistic and, for the exact sequence
+// ratio, the sum of its terms' derivatives through the ratio.
+__global__ void __launch_bounds__(kThreads) backward_rows_kernel(PolicyLossArgs a) {
+  __shared__ double scratch[kWarps * 2];
+  const int64_t b = blockIdx.x;
+  const float sequence = needs_sequence(a.s) ? sequence_statistic(a, b, scratch) : 0.0f;
+  const bool spread = a.s.ratio_level == kSequenceRatio;
+  double v[2] = {0.0, 0.0};
+  for_each_real(a, b, [&](const Token& x, int64_t) {
+    v[0] += 1.0;
+    if (spread) v[1] += static_cast<double>(token_terms(a, x, sequence, sequence).grad_log_ratio);
+  });
+  block_sum_array<kThreads>(v, scratch);
+  if (threadIdx.x == 0) {
+    double* row = a.rows + b * kPolicyLossRowStats;
+    row[kGradTokens] = v[0];
+    row[kGradSequence] = sequence;
+    row[kGradThroughRatio] = v[1];
   }
 }
 
 // Backward, pass 2: every block reduces the counts (same order everywhere), then writes the
 // gradient of its sequences, masked tokens included (as zeros).
-template <int kVec>
-__global__ void __launch_bounds__(kRowThreads) backward_grad_kernel(PolicyLossArgs a) {
-  __shared__ double scratch[kRowWarps * 2];
+__global__ void __launch_bounds__(kThreads) backward_grad_kernel(PolicyLossArgs a) {
+  __shared__ double scratch[kWarps * 2];
   double totals[2] = {0.0, 0.0};  // tokens, non-empty sequences
-  for (int64_t b = threadIdx.x; b < a.B; b += kRowThreads) {
-    const double tokens = a.rows[b * kRowStats + kGradTokens];
+  for (int64_t b = threadIdx.x; b < a.B; b += kThreads) {
+    const double tokens = a.rows[b * kPolicyLossRowStats + kGradTokens];
     totals[0] += tokens;
     totals[1] += tokens > 0.0 ? 1.0 : 0.0;
   }
-  block_sum_array<kRowThreads>(totals, scratch);
+  block_sum_array<kThreads>(totals, scratch);
+  const double common = a.s.scale / divisor(a, totals[0], totals[1]);
   const float upstream = *a.grad_loss;
-  const bool kl_in_loss = a.ref_logp != nullptr && a.kl_coef != 0.0f;
+  const bool spread = a.s.ratio_level == kSequenceRatio;
   for (int64_t b = blockIdx.x; b < a.B; b += gridDim.x) {
-    const double* row = a.rows + b * kRowStats;
-    const float weight = token_weight(a, row[kGradTokens], totals[0], totals[1]);
-    // GSPO: the sequence log ratio is the mean of the token log ratios.
-    const float through_sequence =
-        a.sequence_ratio ? static_cast<float>(static_cast<double>(weight) * row[kSlopeSum] /
-                                              fmax(row[kGradTokens], 1e-30))
-                         : 0.0f;
-    for (int64_t t = static_cast<int64_t>(threadIdx.x) * kVec; t < a.T;
-         t += kRowThreads * kVec) {
-      Token x[kVec];
-      load_tokens<kVec>(a, b, t, x);
-      float out[kVec];
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        const bool active = x[j].mask != 0.0f;
-        float grad = a.sequence_ratio ? x[j].mask * through_sequence : 0.0f;
-        if (active && (!a.sequence_ratio || kl_in_loss)) {
-          const Terms terms = token_terms(a, x[j], x[j].logp - x[j].old);
-          if (!a.sequence_ratio) grad = weight * terms.slope;
-          if (kl_in_loss) grad += weight * a.kl_coef * terms.kl_slope;
-        }
-        out[j] = grad * upstream;
+    const double* row = a.rows + b * kPolicyLossRowStats;
+    const double tokens = row[kGradTokens];
+    const double per_row = a.s.agg == kSeqMeanTokenMean ? (tokens > 0.0 ? common / tokens : 0.0)
+                                                        : common;
+    const float weight = static_cast<float>(per_row);
+    const float sequence = static_cast<float>(row[kGradSequence]);
+    // the exact sequence ratio: d log ratio / d logp_t = 1 / tokens for every real token
+    const float shared = static_cast<float>(per_row * row[kGradThroughRatio] / fmax(tokens, 1.0));
+    for (int64_t t = threadIdx.x; t < a.T; t += kThreads) {
+      const Token x = load_token(a, b, t);
+      float grad = 0.0f;
+      if (x.real) {
+        const Terms terms = token_terms(a, x, token_log_ratio(a, x, sequence), sequence);
+        grad = spread ? weight * terms.grad_logp + shared
+                      : weight * (terms.grad_logp + terms.grad_log_ratio);
+        grad *= upstream;
       }
-      float* dst = a.grad + b * a.T + t;
-      if constexpr (kVec == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(out[0], out[1], out[2], out[3]);
-      } else {
-        dst[0] = out[0];
-      }
+      store(a.grad, a.logp.type, b * a.T + t, grad);
     }
   }
-}
-
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
-// 16-byte loads when every row starts on a 16-byte boundary.
-bool vectorizable(const PolicyLossArgs& a) {
-  const void* pointers[] = {a.logp, a.old_logp, a.mask, a.ref_logp, a.rollout_logp, a.grad,
-                            a.adv_per_token ? a.advantages : nullptr};
-  if (a.T % 4 != 0) return false;
-  for (const void* p : pointers)
-    if (!aligned16(p)) return false;
-  return true;
 }
 
 const char* launched() {
@@ -298,12 +398,8 @@ const char* launched() {
 const char* policy_loss_forward(const PolicyLossArgs& a, void* stream) {
   if (a.B > 0x7fffffffLL) return "policy_loss: too many sequences";
   const rlkStream_t s = static_cast<rlkStream_t>(stream);
-  const unsigned rows = static_cast<unsigned>(a.B);
-  if (rows > 0) {
-    if (vectorizable(a))
-      forward_rows_kernel<4><<<rows, kRowThreads, 0, s>>>(a);
-    else
-      forward_rows_kernel<1><<<rows, kRowThreads, 0, s>>>(a);
+  if (a.B > 0) {
+    forward_rows_kernel<<<static_cast<unsigned>(a.B), kThreads, 0, s>>>(a);
     if (const char* e = launched()) return e;
   }
   forward_final_kernel<<<1, kFinalThreads, 0, s>>>(a);
@@ -315,16 +411,9 @@ const char* policy_loss_backward(const PolicyLossArgs& a, void* stream) {
   if (a.B > 0x7fffffffLL) return "policy_loss: too many sequences";
   const rlkStream_t s = static_cast<rlkStream_t>(stream);
   const unsigned rows = static_cast<unsigned>(a.B);
-  const unsigned grad_blocks = rows < kMaxGradBlocks ? rows : kMaxGradBlocks;
-  if (vectorizable(a)) {
-    backward_rows_kernel<4><<<rows, kRowThreads, 0, s>>>(a);
-    if (const char* e = launched()) return e;
-    backward_grad_kernel<4><<<grad_blocks, kRowThreads, 0, s>>>(a);
-  } else {
-    backward_rows_kernel<1><<<rows, kRowThreads, 0, s>>>(a);
-    if (const char* e = launched()) return e;
-    backward_grad_kernel<1><<<grad_blocks, kRowThreads, 0, s>>>(a);
-  }
+  backward_rows_kernel<<<rows, kThreads, 0, s>>>(a);
+  if (const char* e = launched()) return e;
+  backward_grad_kernel<<<rows < kMaxGradBlocks ? rows : kMaxGradBlocks, kThreads, 0, s>>>(a);
   return launched();
 }
 

@@ -37,7 +37,7 @@ typedef uint32_t rlk_lanemask_t;
 
 namespace rlk {
 
-// Raw storage types: we convert bits ourselves so both toolchains agree bit for bit.
+// Raw storage types, converted by the helpers in common.cuh so both toolchains agree bit for bit.
 struct bf16_t { uint16_t bits; };
 struct f16_t { uint16_t bits; };
 

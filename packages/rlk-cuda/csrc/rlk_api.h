@@ -22,7 +22,8 @@ struct LogpFwdArgs {
   float* logp;            // [R] (stride logp_stride) or nullptr
   int64_t logp_stride;
   float* entropy;         // [R] or nullptr (no entropy)
-  float* lse;             // [R] or nullptr
+  double* lse;            // [R] or nullptr: float64, so the backward keeps 1 - p of a dominant
+                          // token (float32 cannot hold lse to that precision when x / T is large)
   float* stats;           // [2, R] (row max of raw logits, log of the shifted sum) or nullptr
   int nseg;               // logp_forward_segments(V)
   float* partial;         // [R, nseg, 3] scratch when nseg > 1 (from torch, not allocated here)
@@ -44,7 +45,7 @@ struct LogpColsArgs {
   float* tok_logit;       // [N] raw logit of each row's token (written by its chunk)
   float* logp;            // [N] (merge)
   float* entropy;         // [N] or nullptr: also selects the entropy statistics
-  float* lse;             // [N] (merge)
+  double* lse;            // [N] (merge): float64, as the logp backward kernel reads it
 };
 
 // Soft-capping of a float32 logits chunk [N, C] (the linear ops, rlk.lm_head): with grad null,
@@ -60,14 +61,20 @@ struct SoftCapArgs {
 };
 
 constexpr int64_t kGroupAdvChunk = 2048;  // ids per flag of the ordering check
+enum GroupAdvNormalize : int { kNormalizeStd = 0, kNormalizeBatchStd = 1, kNormalizeNone = 2 };
 struct GroupAdvArgs {
   const float* rewards;     // [N]
-  const int64_t* group_ids; // [N] in [0, num_groups)
+  const int64_t* group_ids; // [N] in [0, num_groups), or nullptr: consecutive groups
   int64_t N, num_groups;
-  bool normalize_std, leave_one_out;
+  int64_t group_size;       // > 0 when group_ids is nullptr
+  int normalize;            // GroupAdvNormalize
+  bool leave_one_out;
+  bool nan_ignore;          // NaN rewards: left out of the statistics, advantage 0
+  bool singleton_reward;    // a group of one: baseline 0 and std 1 (verl) instead of 0
   float eps;
   float* out;               // [N]
-  int* ordered_chunks;      // [ceil(N / kGroupAdvChunk)] scratch
+  int* ordered_chunks;      // [ceil(N / kGroupAdvChunk)] scratch (group_ids only)
+  double* batch_std;        // [1] scratch (kNormalizeBatchStd only)
 };
 
 struct LogpBwdArgs {
@@ -80,7 +87,7 @@ struct LogpBwdArgs {
   const int64_t* tokens;  // [M]
   const float* g_logp;    // [M]
   const float* g_ent;     // [M] or nullptr
-  const float* lse;       // [M]
+  const double* lse;      // [M], as the forward wrote it
   const float* entropy;   // [M] or nullptr (needed when g_ent is given)
   float temperature;
   const float* temp_rows; // [M] or nullptr
@@ -103,30 +110,61 @@ struct SampleArgs {
   float* processed_logp;  // [B]
 };
 
-// policy_loss: all [B, T] tensors are float32 and contiguous (row b starts at b * T).
-constexpr int kPolicyLossRowStats = 6;  // float64 scratch per sequence: rows is [B, 6]
-struct PolicyLossArgs {
-  const float* logp;          // [B, T]
-  const float* old_logp;      // [B, T]
-  const float* advantages;    // [B], or [B, T] when adv_per_token
-  const float* mask;          // [B, T], 0 or 1
-  const float* ref_logp;      // [B, T] or nullptr (no KL)
-  const float* rollout_logp;  // [B, T] or nullptr (no TIS weight)
-  int64_t B, T;
-  bool adv_per_token;
-  float ratio_low, ratio_high;  // 1 - clip_low, 1 + clip_high
-  float dual_clip;              // > 1, or 0 for none
+// policy_loss. Every tensor is contiguous and may have any of these element types (the
+// kernel reads each in its own type and computes in float32); the gradient is written in
+// logp's type.
+enum ElemType : int {
+  kElemF32 = 0, kElemBF16 = 1, kElemF16 = 2, kElemF64 = 3,
+  kElemU8 = 4,  // bool and uint8
+  kElemI8 = 5, kElemI16 = 6, kElemI32 = 7, kElemI64 = 8,
+};
+struct Operand {
+  const void* data;  // nullptr: absent
+  int type;          // ElemType
+};
+
+// rlk.PolicyLossOptions as the kernels take it (choices as indices into the option's tuple);
+// rlk_cuda.policy_loss.settings sets every field, so no default lives here. "None" options are
+// encoded as 0 (dual_clip, ratio_cap, kl_clamp, tis_cap, divisor) or as -inf / +inf
+// (log_ratio_min / log_ratio_max).
+struct PolicyLossSettings {
+  int objective;              // ppo, cispo, sapo, vespo
+  int ratio_level;            // token, sequence, sequence-token
+  float clip_low, clip_high;
+  float dual_clip, ratio_cap;
+  float log_ratio_min, log_ratio_max;
+  float sapo_temperature_pos, sapo_temperature_neg;
+  float vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg;
   float kl_coef;
-  int kl_estimator;             // 1, 2, 3 (k1, k2, k3)
-  bool sequence_ratio;          // GSPO
-  int agg;                      // index into token-mean, seq-mean-token-mean,
-                                // seq-mean-token-sum, seq-mean-token-sum-norm
-  float tis_cap;                // > 0, or 0 for none
-  double* rows;                 // [B, kPolicyLossRowStats] scratch
-  float* loss;                  // forward: 0-d
-  float* metrics;               // forward: [4]
-  const float* grad_loss;       // backward: 0-d upstream gradient
-  float* grad;                  // backward: [B, T]
+  int kl_estimator;           // k1, k2, k3, abs (the value)
+  bool kl_straight_through;   // the gradient is k2's ("k3+")
+  float kl_clamp;
+  bool kl_bias_correction;
+  float tis_cap;
+  int agg;                    // token-mean, token-sum, seq-mean-token-mean, seq-mean-token-sum,
+                              // seq-mean-token-sum-norm
+  double divisor;
+  bool count_empty_rows;
+  double scale;
+};
+
+constexpr int kPolicyLossRowStats = 9;  // float64 scratch per sequence: rows is [B, 9]
+struct PolicyLossArgs {
+  Operand logp;               // [B, T]
+  Operand old_logp;           // [B, T]
+  Operand advantages;         // [B], or [B, T] when adv_per_token
+  Operand mask;               // [B, T], nonzero = a real token
+  Operand ref_logp;           // [B, T] or absent (no KL)
+  Operand rollout_logp;       // [B, T] or absent (no TIS weight)
+  Operand importance_weights; // [B], [B, T] when weights_per_token, or absent
+  int64_t B, T;
+  bool adv_per_token, weights_per_token;
+  PolicyLossSettings s;
+  double* rows;               // [B, kPolicyLossRowStats] scratch
+  float* loss;                // forward: 0-d
+  float* metrics;             // forward: [7], rlk.ops.policy_loss_options.METRICS
+  const float* grad_loss;     // backward: 0-d upstream gradient
+  void* grad;                 // backward: [B, T] in logp's type
 };
 
 // `stream` is a cudaStream_t (hipStream_t) passed as an opaque pointer.

@@ -109,6 +109,15 @@ __device__ void set_pivots(Shared& sh, float lo, float hi) {
   sh.pivots[kPivots - 1] = hi;
 }
 
+// Makes v one of the pivots when it lies strictly inside (lo, hi): it takes the place of the
+// first pivot at or above it (never hi's), which keeps the pivots in order.
+__device__ void insert_pivot(Shared& sh, float lo, float hi, float v) {
+  if (threadIdx.x != 0 || !(v > lo && v < hi)) return;
+  int j = 0;
+  while (j < kPivots - 2 && sh.pivots[j] < v) ++j;
+  sh.pivots[j] = v;
+}
+
 __device__ __forceinline__ bool converged(float lo, float hi) {
   if (lo < 0.f) return hi == 0.f;
   return __float_as_uint(hi) - __float_as_uint(lo) <= 1u;
@@ -225,20 +234,31 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
       if (converged(lo, hi)) { tau_k = hi; k_exact = true; break; }
     }
   }
-  // Phase B: top-p bracket by mass (relative to the top-k set), when not gathered yet.
+  // Phase B: top-p bracket by mass (relative to the top-k set), when not gathered yet. With
+  // min-p, its threshold is a pivot while it lies inside the bracket: when the min-p set
+  // holds less than the top-p target, min-p alone decides the kept set (top-p would keep
+  // more), which settles the row after one pass instead of narrowing top-p to the last bit.
   if (!gathered && use_p) {
     float lo = -1.f, hi = tau_k;
     float target = -1.f;
     for (int it = 0; it < 40; ++it) {
       set_pivots(sh, lo, hi);
+      if (use_m) insert_pivot(sh, lo, hi, tau_m);
       __syncthreads();
       count_pass<T, true>(p, V, m, inv_t, sh, cnt, ms);
       if (target < 0.f) { z_given = ms[kPivots - 1]; target = a.top_p * z_given; }
+      int jm = -1;
+      for (int j = 0; j < kPivots; ++j)
+        if (use_m && sh.pivots[j] == tau_m) jm = j;
       int j = 0;
       while (j < kPivots - 1 && ms[j] < target) ++j;
       if (j > 0) lo = sh.pivots[j - 1];
       hi = sh.pivots[j];
       __syncthreads();
+      if (jm >= 0 && ms[jm] < target) {  // min-p binds; tau_p stays unknown (infinite)
+        if (cnt[jm] <= kCap) { gathered = true; hi_gather = tau_m; }
+        break;
+      }
       if (cnt[j] <= kCap) { gathered = true; hi_gather = hi; break; }
       if (converged(lo, hi)) { tau_p = hi; break; }
     }
@@ -313,12 +333,13 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
   } else {
     const float tau = greedy ? 0.f : fminf(fminf(tau_k, tau_p), tau_m);
     float z = 0.f;
+    GumbelRun noise(seed);
     for_each_elem(p, V, [&](int64_t idx, float x) {
       const float d = (m - x) * inv_t;
       if (d <= tau) {
         z += mass_of(d);
-        const float noise = greedy ? 0.f : gumbel_noise(seed, static_cast<uint32_t>(idx));
-        pick = better(pick, Pick{-d + noise, static_cast<int>(idx)});
+        const float g = greedy ? 0.f : noise(static_cast<uint32_t>(idx));
+        pick = better(pick, Pick{-d + g, static_cast<int>(idx)});
       }
     });
     z_f = block_sum<kThreads>(z, sh.fred);

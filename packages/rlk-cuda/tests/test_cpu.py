@@ -120,6 +120,7 @@ def test_registration() -> None:
         "sample",
         "linear_logp",
         "linear_logp_entropy",
+        "linear_policy_loss",
         "group_advantages",
         "policy_loss",
     )
@@ -131,8 +132,8 @@ def test_registration() -> None:
     for op in ops:
         (kernel,) = registry.kernels[op]
         assert kernel.devices == ("cuda",)
-        want = plugin.FLOAT32 if op in ("group_advantages", "policy_loss") else plugin.DTYPES
-        assert kernel.dtypes == want
+        want = {"group_advantages": plugin.FLOAT32, "policy_loss": plugin.ANY_FLOAT}
+        assert kernel.dtypes == want.get(op, plugin.DTYPES)
     assert "batch_invariant" in registry.kernels["logp"][0].properties
     assert registry.kernels["logp"][0].backward_target == "rlk_cuda.logp:backward"
 
@@ -166,11 +167,50 @@ def test_chunk_budget_must_be_positive(monkeypatch: pytest.MonkeyPatch) -> None:
         linear.chunk_bytes()
 
 
-def test_group_advantages_rejects_unknown_modes() -> None:
-    from rlk_cuda import advantages
+def test_policy_loss_settings_struct_takes_every_option_by_name() -> None:
+    """The options reach the kernel as a struct with named fields, one per option."""
+    from rlk.ops.policy_loss_options import PolicyLossOptions
 
-    rewards, ids = torch.randn(4), torch.zeros(4, dtype=torch.int64)
-    with pytest.raises(ValueError, match=r"normalize must be one of \('std', 'none'\); got 'z'"):
-        advantages.forward(rewards, ids, 1, "z", "mean", 1e-6)
-    with pytest.raises(ValueError, match="baseline must be one of"):
-        advantages.forward(rewards, ids, 1, "std", "median", 1e-6)
+    from rlk_cuda import policy_loss
+
+    options = PolicyLossOptions(objective="sapo", clip_low=0.1, clip_high=0.3,
+                                ratio_level="sequence-token", log_ratio_max=10.0,
+                                sapo_temperature_pos=2.0, kl_coef=0.05, kl_estimator="k3+",
+                                kl_clamp=10.0, kl_bias_correction=True, tis_cap=2.0,
+                                agg="seq-mean-token-sum-norm", divisor=64.0,
+                                count_empty_rows=True, scale=0.5)
+    s = policy_loss.settings(options)
+    assert (s.objective, s.ratio_level, s.agg, s.kl_estimator) == (2, 2, 4, 2)
+    assert s.kl_straight_through and s.kl_bias_correction and s.count_empty_rows
+    assert (s.clip_low, s.clip_high, s.sapo_temperature_pos) == pytest.approx((0.1, 0.3, 2.0))
+    assert (s.kl_coef, s.kl_clamp, s.tis_cap) == pytest.approx((0.05, 10.0, 2.0))
+    assert (s.divisor, s.scale, s.log_ratio_max) == (64.0, 0.5, 10.0)
+    assert s.log_ratio_min == -float("inf") and s.dual_clip == 0.0 and s.ratio_cap == 0.0
+    assert policy_loss.settings(options) is s  # built once per options object
+    defaults = policy_loss.settings(PolicyLossOptions())
+    assert (defaults.objective, defaults.kl_estimator, defaults.tis_cap) == (0, 2, 0.0)
+    with pytest.raises(AttributeError):
+        s.clip_ratio = 0.2  # a misspelt field raises instead of being ignored
+
+
+def test_policy_loss_binding_takes_arguments_by_name_only() -> None:
+    ext = _ext.load()
+    with pytest.raises(TypeError):
+        ext.policy_loss(False, 0, 0)  # positional: refused, whatever the order
+    with pytest.raises(TypeError):
+        ext.group_advantages(0, 0, 0, 0, 0, 0, 0, 0, False, False, False, 1e-6, 0, 0, 0)
+
+
+@no_cuda
+def test_policy_loss_and_advantages_on_cpu_tensors_need_a_device() -> None:
+    from rlk.ops.advantages_options import GroupAdvantagesOptions
+    from rlk.ops.policy_loss_options import PolicyLossOptions
+
+    from rlk_cuda import advantages, policy_loss
+
+    logp = torch.zeros(2, 3)
+    with pytest.raises(RuntimeError, match="need a CUDA device"):
+        policy_loss.forward(logp, logp, torch.zeros(2), logp, None, None, None,
+                            PolicyLossOptions())
+    with pytest.raises(RuntimeError, match="need a CUDA device"):
+        advantages.forward(torch.zeros(4), None, 2, 2, GroupAdvantagesOptions())

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from rlk import reference
+from rlk.ops import specs
+from rlk.ops.advantages_options import GroupAdvantagesOptions
 from rlk.testing.poison import poisoned_allocations
 
 from rlk_cuda.advantages import forward
@@ -12,12 +16,24 @@ from rlk_cuda.advantages import forward
 pytestmark = pytest.mark.gpu
 
 
+def _options(normalize: str = "std", baseline: str = "mean", eps: float = 1e-6,
+             **settings: Any) -> GroupAdvantagesOptions:
+    return GroupAdvantagesOptions(normalize=normalize, baseline=baseline, eps=eps, **settings)
+
+
 def _reference(
-    rewards: torch.Tensor, ids: torch.Tensor, normalize: str, baseline: str, eps: float
+    rewards: torch.Tensor, ids: torch.Tensor, normalize: str, baseline: str, eps: float,
+    **settings: Any,
 ) -> torch.Tensor:
     """rlk's float64 reference (a group of one gets 0 under either baseline)."""
-    return reference.group_advantages(rewards.cpu(), ids.cpu(), normalize=normalize,
-                                      baseline=baseline, eps=eps)
+    return reference.group_advantages(rewards.cpu(), ids.cpu(),
+                                      options=_options(normalize, baseline, eps, **settings))
+
+
+def _forward(rewards: torch.Tensor, ids: torch.Tensor | None, groups: int, normalize: str,
+             baseline: str, eps: float, group_size: int = 0, **settings: Any) -> torch.Tensor:
+    return forward(rewards, ids, group_size, groups, _options(normalize, baseline, eps,
+                                                              **settings))
 
 
 @pytest.mark.parametrize("normalize", ["std", "none"])
@@ -37,7 +53,7 @@ def test_matches_float64(
         ids = torch.arange(n, device="cuda") // (n // groups)
         groups = int(ids.max()) + 1
     with poisoned_allocations():
-        got = forward(rewards, ids, groups, normalize, baseline, 1e-6)
+        got = _forward(rewards, ids, groups, normalize, baseline, 1e-6)
     want = _reference(rewards, ids, normalize, baseline, 1e-6)
     assert (got.double().cpu() - want).abs().max() < 1e-5
 
@@ -45,26 +61,26 @@ def test_matches_float64(
 def test_constant_groups_nan_and_singletons() -> None:
     rewards = torch.tensor([1.0, 1.0, 1.0, 0.3, float("nan"), 2.0, 5.0], device="cuda")
     ids = torch.tensor([0, 0, 0, 1, 1, 2, 3], device="cuda")
-    got = forward(rewards, ids, 4, "std", "mean", 0.0)
+    got = _forward(rewards, ids, 4, "std", "mean", 0.0)
     assert torch.equal(got[:3], torch.zeros(3, device="cuda"))
     assert got[3:5].isnan().all()
     assert got[5] == 0 and got[6] == 0
-    loo = forward(rewards, ids, 4, "none", "loo", 0.0)
+    loo = _forward(rewards, ids, 4, "none", "loo", 0.0)
     assert loo[5] == 0 and loo[6] == 0
 
 
 def test_deterministic() -> None:
     rewards = torch.randn(5000, device="cuda")
     ids = torch.randint(0, 300, (5000,), device="cuda")
-    a = forward(rewards, ids, 300, "std", "mean", 1e-6)
-    b = forward(rewards, ids, 300, "std", "mean", 1e-6)
+    a = _forward(rewards, ids, 300, "std", "mean", 1e-6)
+    b = _forward(rewards, ids, 300, "std", "mean", 1e-6)
     assert torch.equal(a, b)
 
 
 def _check(rewards: torch.Tensor, ids: torch.Tensor, groups: int) -> None:
     for normalize, baseline in (("std", "mean"), ("none", "loo")):
         with poisoned_allocations():
-            got = forward(rewards, ids, groups, normalize, baseline, 1e-6)
+            got = _forward(rewards, ids, groups, normalize, baseline, 1e-6)
         want = _reference(rewards, ids, normalize, baseline, 1e-6)
         assert (got.double().cpu() - want).abs().max() < 1e-5
 
@@ -100,3 +116,51 @@ def test_ids_out_of_order_only_across_a_chunk_boundary() -> None:
     ids[[chunk - 1, chunk]] = ids[[chunk, chunk - 1]].clone()  # two groups trade a member
     rewards = torch.randn(n, device="cuda")
     _check(rewards, ids, int(ids.max()) + 1)
+
+
+SPEC = specs()["group_advantages"]
+SAMPLE_NAMES = [sample.name for sample in SPEC.samples(torch.device("cpu"), torch.float32)]
+
+
+@pytest.mark.parametrize("name", SAMPLE_NAMES)
+def test_conformance_samples(name: str) -> None:
+    (sample,) = [s for s in SPEC.samples(torch.device("cuda"), torch.float32) if s.name == name]
+    with poisoned_allocations():
+        got = forward(**sample.args)
+    (want,) = SPEC.reference(sample.args)
+    assert torch.equal(got.isnan().cpu(), want.isnan().cpu())
+    assert (got.double().cpu() - want.cpu()).nan_to_num().abs().max() < 1e-5
+
+
+@pytest.mark.parametrize(("n", "size"), [(8192, 2), (8192, 16), (8192, 64), (8192, 512),
+                                         (65536, 16), (3000, 3000)])
+@pytest.mark.parametrize("settings", [{}, {"normalize": "batch-std", "eps": 1e-4},
+                                      {"nan": "ignore", "baseline": "loo"},
+                                      {"singleton": "reward", "normalize": "none"}])
+def test_group_size_reads_runs_without_ids(n: int, size: int, settings: dict[str, Any]) -> None:
+    """group_size= launches one kernel over runs [g * size, (g + 1) * size): no id tensor."""
+    gen = torch.Generator(device="cuda").manual_seed(n + size)
+    rewards = (torch.rand(n, generator=gen, device="cuda") < 0.4).float()
+    rewards[::7] = float("nan")
+    ids = torch.arange(n, device="cuda") // size
+    options = GroupAdvantagesOptions(**settings)
+    with poisoned_allocations():
+        by_size = forward(rewards, None, size, n // size, options)
+        by_ids = forward(rewards, ids, 0, n // size, options)
+    assert torch.equal(by_size.isnan(), by_ids.isnan())
+    assert torch.equal(by_size.nan_to_num(), by_ids.nan_to_num())
+    want = reference.group_advantages(rewards.cpu()[:4 * size], ids.cpu()[:4 * size],
+                                      options=options)
+    if options.normalize != "batch-std":  # the batch's std needs the whole batch
+        got = by_size[:4 * size].double().cpu()
+        assert torch.equal(got.isnan(), want.isnan())
+        assert (got - want).nan_to_num().abs().max() < 1e-5
+
+
+def test_batch_std_over_the_whole_batch() -> None:
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    rewards = torch.randn(4096, generator=gen, device="cuda")
+    options = GroupAdvantagesOptions(normalize="batch-std", eps=1e-4)
+    got = forward(rewards, None, 16, 256, options)
+    want = reference.group_advantages(rewards.cpu(), torch.arange(4096) // 16, options=options)
+    assert (got.double().cpu() - want).abs().max() < 1e-5

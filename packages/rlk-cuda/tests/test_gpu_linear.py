@@ -170,3 +170,20 @@ def test_nan_hidden_state_in_an_ignored_row_gives_no_weight_gradient() -> None:
     with rlk.use_backends("cuda", strict=True):
         rlk.linear_logp(hidden, w, tokens).sum().backward()
     assert torch.isfinite(w.grad).all()
+
+
+def test_zero_width_hidden_gives_the_bias_softmax() -> None:
+    """Issue #19 item 12 on cuda: H = 0 makes the logits the bias."""
+    import rlk
+
+    tokens = torch.tensor([0, 3, -100], device="cuda")
+    bias = torch.randn(5, device="cuda")
+    leaves = [t.requires_grad_(True) for t in (torch.zeros(3, 0, device="cuda"),
+                                               torch.zeros(5, 0, device="cuda"), bias.clone())]
+    with rlk.use_backends("cuda", strict=True):
+        logp = rlk.linear_logp(leaves[0], leaves[1], tokens, bias=leaves[2])
+        logp.sum().backward()
+    want = torch.log_softmax(bias.double(), 0)[[0, 3]]
+    assert (logp[:2].double() - want).abs().max() < 1e-6 and logp[2] == 0
+    assert leaves[0].grad.shape == (3, 0) and leaves[1].grad.shape == (5, 0)
+    assert torch.isfinite(leaves[2].grad).all()

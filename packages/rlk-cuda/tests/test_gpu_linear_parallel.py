@@ -205,6 +205,33 @@ def _check_public_api(data: dict[str, Tensor], lo: int, hi: int, group: object) 
         _close(f"public grad {name}", leaf.grad, expected, gtol)
 
 
+def _check_linear_policy_loss(data: dict[str, Tensor], lo: int, hi: int, group: object) -> None:
+    """rlk.linear_policy_loss(group=) on the cuda backend against the unsharded op: with 0.25 MiB
+    chunks (14 rows), token-level in chunks inside the 100-token sequences, GSPO in two passes."""
+    import rlk
+
+    tokens = data["tokens"].view(3, 100)
+    old = torch.full((3, 100), -8.0, device="cuda")
+    mask = (tokens != IGNORE).float()
+    advantages = torch.tensor([1.0, -0.5, 0.25], device="cuda")
+    tol = 1e-4 if data["hidden"].dtype == torch.float32 else 3e-2
+    for options in ({"kl_coef": 0.05, "ref_logp": old + 0.5, "entropy_coef": 0.01},
+                    {"ratio_level": "sequence", "clip_low": 0.03, "clip_high": 0.04}):
+        with rlk.use_backends("cuda", strict=True):
+            full = [t.clone().requires_grad_(True) for t in (data["hidden"], data["weight"])]
+            want, _ = rlk.linear_policy_loss(full[0], full[1], tokens, old, advantages, mask,
+                                             **options)
+            want.backward()
+            part = [t.clone().requires_grad_(True) for t in (data["hidden"], data["weight"][lo:hi])]
+            got, _ = rlk.linear_policy_loss(part[0], part[1], tokens, old, advantages, mask,
+                                            group=group, **options)
+            got.backward()
+        case = f"linear_policy_loss {sorted(options)} {data['hidden'].dtype}"
+        _close(f"{case} loss", got, want, 1e-5)
+        _close(f"{case} grad hidden", part[0].grad, full[0].grad, tol)
+        _close(f"{case} grad weight", part[1].grad, full[1].grad[lo:hi], tol)
+
+
 def _check_no_rows(data: dict[str, Tensor], lo: int, hi: int, group: object) -> None:
     """Zero rows still run the collectives on every rank and return empty results."""
     from rlk_cuda import linear
@@ -261,6 +288,7 @@ def _worker(rank: int, world: int, store: str) -> None:
             _check_kernels(custom, lo, hi, group, True, True, SHARDS[0] + 3, 0.8)
             _check_out_of_range(data, lo, hi, group)
             _check_public_api(data, lo, hi, group)
+            _check_linear_policy_loss(data, lo, hi, group)
         _check_no_rows(_on_device(_inputs(torch.float32)), lo, hi, group)
     finally:
         dist.destroy_process_group()

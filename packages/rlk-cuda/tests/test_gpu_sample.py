@@ -3,6 +3,8 @@ determinism per seed, batch invariance and the empirical distribution."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from rlk.testing.poison import poisoned_allocations
@@ -44,6 +46,35 @@ def test_sample_against_float64(
     assert (plp.double() - picked).abs().max() < 1e-4
     same, _, _ = logp_kernels.forward(logits, tokens, temperature, -100, None, None, False)
     assert torch.equal(lp, same), "sample's logp must equal this backend's logp bit for bit"
+
+
+# Large vocabularies where min-p and top-p are both on, each deciding in turn: (logit scale,
+# top_p, min_p). Scale 2, min-p 0.05: min-p keeps a few hundred tokens, far less mass than
+# top-p 0.95 would (the issue's setting; one counting pass, then the shared-memory finish).
+# Scale 1, min-p 0.01: min-p binds but keeps most of the vocabulary (the exact draw pass).
+# Scale 2, min-p 1e-4, top-p 0.5: top-p keeps less than min-p, so top-p is narrowed as before.
+MIN_P_AND_TOP_P = [(2.0, 0.95, 0.05), (1.0, 0.95, 0.01), (2.0, 0.5, 1e-4)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("scale", "top_p", "min_p"), MIN_P_AND_TOP_P)
+def test_min_p_with_top_p_on_large_vocabularies(
+    dtype: torch.dtype, scale: float, top_p: float, min_p: float
+) -> None:
+    batch, vocab = 6, 256000
+    logits = _logits(batch, vocab, dtype, seed=int(100 * min_p) + 3, scale=scale)
+    seeds = torch.randint(0, 2**62, (batch,), device="cuda")
+    with poisoned_allocations():
+        tokens, lp, plp = sample(logits, 1.0, 0, top_p, min_p, seeds)
+    ref = truncated_log_probs(logits, 1.0, 0, top_p, min_p)
+    picked = ref.gather(1, tokens.unsqueeze(1)).squeeze(1)
+    assert torch.isfinite(picked).all(), "a token outside the filtered support was drawn"
+    assert (plp.double() - picked).abs().max() < 1e-4
+    same, _, _ = logp_kernels.forward(logits, tokens, 1.0, -100, None, None, False)
+    assert torch.equal(lp, same)
+    alone = sample(logits[2:3].clone(), 1.0, 0, top_p, min_p, seeds[2:3])
+    for x, y in zip((tokens, lp, plp), alone, strict=True):
+        assert torch.equal(x[2:3], y)
 
 
 def test_greedy_and_special_rows() -> None:
@@ -108,3 +139,37 @@ def test_bits_do_not_depend_on_row_alignment() -> None:
         alone = sample(logits[r : r + 1].clone(), 0.8, 40, 0.9, 0.0, seeds[r : r + 1])
         for x, y in zip(full, alone, strict=True):
             assert torch.equal(x[r : r + 1], y)
+
+
+def _philox4x32_10(counter: tuple[int, int, int, int], key: tuple[int, int]) -> list[int]:
+    """Philox4x32-10 on the host, as csrc/philox.cuh computes it."""
+    mask = 0xFFFFFFFF
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
+        c0, c1, c2, c3 = ((p1 >> 32) ^ c1 ^ k0) & mask, p1 & mask, ((p0 >> 32) ^ c3 ^ k1) & mask, \
+            p0 & mask
+        k0, k1 = (k0 + 0x9E3779B9) & mask, (k1 + 0xBB67AE85) & mask
+    return [c0, c1, c2, c3]
+
+
+def _gumbel(seed: int, idx: int) -> float:
+    """Token idx's Gumbel noise in the row seeded with `seed` (philox.cuh's gumbel_noise)."""
+    pattern = seed % 2**64
+    bits = _philox4x32_10((idx >> 2, 0, 0x726C6B73, 0), (pattern & 0xFFFFFFFF, pattern >> 32))
+    u = ((bits[idx & 3] >> 8) + 0.5) * 2.0**-24
+    return -math.log(-math.log(u))
+
+
+def test_plain_sampling_is_gumbel_max_with_each_tokens_own_philox_bits() -> None:
+    """Regression for the Philox block shared by four neighbouring tokens: every token
+    still gets the bits of its own counter, so the draw is argmax(logit + noise(token))."""
+    logits = _logits(8, 37, torch.float32, seed=21, scale=1.0)  # 37: a scalar tail too
+    seeds = torch.randint(-(2**62), 2**62, (8,), device="cuda")
+    tokens, _, _ = sample(logits, 1.0, 0, 1.0, 0.0, seeds)
+    for row in range(8):
+        scores = [float(logits[row, j]) + _gumbel(int(seeds[row]), j) for j in range(37)]
+        ranked = sorted(range(37), key=lambda j: -scores[j])
+        near_tie = scores[ranked[0]] - scores[ranked[1]] < 1e-4  # float32 rounding may decide
+        assert int(tokens[row]) == ranked[0] or (near_tie and int(tokens[row]) == ranked[1])

@@ -17,7 +17,6 @@ from fake_flashinfer import FakeFlashInfer
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeFlashInfer]:
     """A fake flashinfer 0.6.8 visible to `import flashinfer` for one test."""
     stand_in = FakeFlashInfer()
-    package, sampling = stand_in.module()
-    monkeypatch.setitem(sys.modules, "flashinfer", package)
-    monkeypatch.setitem(sys.modules, "flashinfer.sampling", sampling)
+    for name, module in stand_in.modules().items():
+        monkeypatch.setitem(sys.modules, name, module)
     yield stand_in

@@ -1,9 +1,9 @@
-"""A CPU stand-in for `flashinfer` 0.6.x: same call signatures, reference math, a call log.
-
-Its random numbers follow the real library's structure: one draw per output position,
-keyed by (seed, position in the launch, offset). A wrapper that put rows at positions
-that depend on the batch would therefore see its draws change with the batch, as it
-would on the GPU.
+"""A CPU stand-in for `flashinfer` 0.6.x: the calls the backend makes (softmax, the two
+renormalisations, the radix top-k), same signatures, reference math, a call log.
+FlashInfer's samplers are absent on purpose: the backend draws with its own per-row
+uniforms (rlk_flashinfer.seeds), and a test fails if it reaches for one. The top-k returns
+tied values in an order that changes with the batch size, as a kernel that splits rows
+across blocks may: the backend must not let that order reach a row's token.
 """
 
 from __future__ import annotations
@@ -30,15 +30,17 @@ class FakeFlashInfer:
     def names(self) -> list[str]:
         return [call.name for call in self.calls]
 
-    def module(self) -> tuple[types.ModuleType, types.ModuleType]:
+    def modules(self) -> dict[str, types.ModuleType]:
+        """The package and its submodules, by the names `sys.modules` knows them."""
         package = types.ModuleType("flashinfer")
         package.__version__ = self.version  # type: ignore[attr-defined]
         sampling = types.ModuleType("flashinfer.sampling")
-        for name in ("softmax", "top_k_renorm_probs", "top_p_renorm_probs",
-                     "sampling_from_probs", "min_p_sampling_from_probs"):
+        for name in ("softmax", "top_k_renorm_probs", "top_p_renorm_probs"):
             setattr(sampling, name, getattr(self, name))
-        package.sampling = sampling  # type: ignore[attr-defined]
-        return package, sampling
+        topk = types.ModuleType("flashinfer.topk")
+        topk.top_k = self.top_k  # type: ignore[attr-defined]
+        package.sampling, package.topk = sampling, topk  # type: ignore[attr-defined]
+        return {"flashinfer": package, "flashinfer.sampling": sampling, "flashinfer.topk": topk}
 
     def _log(self, name: str, *args: Any, **kwargs: Any) -> None:
         self.calls.append(Call(name, args, kwargs))
@@ -71,23 +73,18 @@ class FakeFlashInfer:
         threshold = ordered.gather(1, last.clamp(min=0)).to(probs.dtype)
         return _renorm(probs * (probs >= threshold))
 
-    def sampling_from_probs(self, probs: torch.Tensor, indices: torch.Tensor | None = None,
-                            deterministic: bool = True, generator: Any = None,
-                            check_nan: bool = False, seed: int | None = None,
-                            offset: int | None = None, return_valid: bool = False) -> torch.Tensor:
-        self._log("sampling_from_probs", indices=indices, deterministic=deterministic,
-                  seed=seed, offset=offset)
-        return _draw(probs, indices, seed, offset, torch.zeros(()))
 
-    def min_p_sampling_from_probs(self, probs: torch.Tensor, min_p: float,
-                                  indices: torch.Tensor | None = None, deterministic: bool = True,
-                                  generator: Any = None, check_nan: bool = False,
-                                  seed: int | None = None, offset: int | None = None,
-                                  return_valid: bool = False) -> torch.Tensor:
-        self._log("min_p_sampling_from_probs", min_p=min_p, indices=indices,
-                  deterministic=deterministic, seed=seed, offset=offset)
-        pivot = probs.amax(dim=-1, keepdim=True) * min_p
-        return _draw(probs, indices, seed, offset, pivot)
+    def top_k(self, input: torch.Tensor, k: int, sorted: bool = False,
+              deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        self._log("top_k", k=k, sorted=sorted, deterministic=deterministic)
+        _require_contiguous(input)
+        assert 0 < k <= input.shape[1], k
+        # columns rotated by the batch size before a stable sort: ties come out in an order
+        # that depends on the batch
+        rotation = torch.roll(torch.arange(input.shape[1]), input.shape[0])
+        order = input[:, rotation].float().argsort(dim=-1, descending=True, stable=True)[:, :k]
+        indices = rotation[order]
+        return input.gather(1, indices), indices
 
 
 def _require_contiguous(tensor: torch.Tensor) -> None:
@@ -97,29 +94,3 @@ def _require_contiguous(tensor: torch.Tensor) -> None:
 
 def _renorm(probs: torch.Tensor) -> torch.Tensor:
     return (probs / probs.sum(dim=-1, keepdim=True)).float()
-
-
-def _draw(probs: torch.Tensor, indices: torch.Tensor | None, seed: int | None,
-          offset: int | None, pivot: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF draw per output position over entries >= pivot, like FlashInfer's kernels."""
-    if seed is None or offset is None or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"fake flashinfer: expected a non-negative int seed, got {seed!r}")
-    _require_contiguous(probs)
-    if indices is None:
-        indices = torch.arange(probs.shape[0])
-    assert indices.dtype == torch.int64 and indices.device == probs.device
-    out = torch.empty(indices.numel(), dtype=torch.int64)
-    for position, row in enumerate(indices.tolist()):
-        row_pivot = pivot.reshape(-1)[row] if pivot.dim() else pivot
-        weights = probs[row].double() * (probs[row] >= row_pivot)
-        cdf = weights.cumsum(0)
-        u = _uniform(seed, position, offset) * float(cdf[-1])
-        out[position] = min(int(torch.searchsorted(cdf, u, right=True)), probs.shape[1] - 1)
-    return out
-
-
-def _uniform(seed: int, position: int, offset: int) -> float:
-    """A uniform in [0, 1) that depends on (seed, position, offset) only."""
-    mixed = (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + offset) % (1 << 63)
-    generator = torch.Generator().manual_seed(mixed)
-    return float(torch.rand((), generator=generator, dtype=torch.float64))

@@ -140,3 +140,22 @@ def test_strided_logits_give_the_same_tokens():
     strided = sample(logits.t().contiguous().t(), 0.7, 20, 0.9, 0.0, seeds)
     for left, right in zip(dense, strided, strict=True):
         assert torch.equal(left, right)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_shortlist_and_full_vocabulary_rows_in_one_batch(dtype: torch.dtype):
+    """Peaked rows are served from FlashInfer's top-k, flat ones by the renormalisations; a
+    row's token is the same alone, and processed_logp matches float64 on both paths."""
+    logits = _logits(64, 32000, 3.0, torch.float32, seed=18)
+    logits[1::4] *= 0.02  # flat: min-p 0.02 keeps most of the vocabulary
+    logits = logits.to(dtype)
+    seeds = _random_seeds(64, 9)
+    tokens, logp, processed = sample(logits, 1.0, 0, 0.9, 0.02, seeds)
+    log_q = reference.sample_log_probs(logits.cpu(), top_p=0.9, min_p=0.02)
+    chosen = log_q.gather(1, tokens.cpu()[:, None])[:, 0]
+    assert bool(chosen.isfinite().all()), "a token outside the kept set was drawn"
+    torch.testing.assert_close(processed.cpu().double(), chosen, rtol=0, atol=1e-5)
+    assert torch.equal(logp, rlk.logp(logits, tokens, temperature=1.0))
+    for row in (0, 1, 2, 5, 63):
+        alone, _, _ = sample(logits[row:row + 1], 1.0, 0, 0.9, 0.02, seeds[row:row + 1])
+        assert int(alone) == int(tokens[row])

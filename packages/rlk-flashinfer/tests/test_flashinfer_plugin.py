@@ -24,7 +24,7 @@ def test_registers_backend_and_sample_kernel():
     assert kernel.devices == ("cuda",)
     assert kernel.dtypes == (torch.float32, torch.bfloat16, torch.float16)
     assert registry.kernels["logp"] == []
-    assert plugin.RLK_PLUGIN_API == "1.0"
+    assert plugin.RLK_PLUGIN_API == "1.1"
 
 
 def test_entry_point_names_the_plugin_module():

@@ -91,7 +91,7 @@ def test_nvcc_missing_names_where_it_looked(fake, monkeypatch, gpu_visible, clea
     monkeypatch.setattr(library, "installed_version", lambda: "0.6.8")
     reason = probe.probe(CUDA)
     assert reason is not None and "\n" not in reason
-    assert reason.startswith("flashinfer would JIT-compile its sampling kernels but nvcc is not")
+    assert reason.startswith("flashinfer would JIT-compile its sampling and topk kernels but nvcc")
     assert "CUDA_HOME (unset)" in reason and "PATH" in reason
     toolkit = clean_env / "toolkit"
     toolkit.mkdir()
@@ -118,9 +118,14 @@ def test_a_prebuilt_module_needs_no_nvcc(fake, monkeypatch, gpu_visible, clean_e
     built = clean_env / "home" / ".cache" / "flashinfer" / "0.6.8" / "90" / "cached_ops"
     (built / "sampling").mkdir(parents=True)
     (built / "sampling" / "sampling.so").write_bytes(b"")
+    assert probe.probe(CUDA) == ("flashinfer would JIT-compile its topk kernels but nvcc is not "
+                                 f"found (looked in CUDA_HOME (unset), CUDA_PATH (unset), PATH, "
+                                 f"{probe._DEFAULT_CUDA_HOME / 'bin'})")
+    (built / "topk").mkdir(parents=True)
+    (built / "topk" / "topk.so").write_bytes(b"")
     assert probe.probe(CUDA) is None
     monkeypatch.setattr(library, "installed_version", lambda: "0.6.9")  # other version's cache
-    assert "nvcc is not found" in str(probe.probe(CUDA))
+    assert "sampling and topk kernels but nvcc is not found" in str(probe.probe(CUDA))
 
 
 def test_jit_disabled_without_prebuilt(fake, monkeypatch, gpu_visible, clean_env):
@@ -129,6 +134,12 @@ def test_jit_disabled_without_prebuilt(fake, monkeypatch, gpu_visible, clean_env
     monkeypatch.setenv("FLASHINFER_DISABLE_JIT", "1")
     assert probe.probe(CUDA) == (
         "FLASHINFER_DISABLE_JIT is set and no prebuilt FlashInfer sampling module was found"
+    )
+    built = clean_env / "home" / ".cache" / "flashinfer" / "0.6.8" / "90" / "cached_ops"
+    (built / "sampling").mkdir(parents=True)
+    (built / "sampling" / "sampling.so").write_bytes(b"")
+    assert probe.probe(CUDA) == (
+        "FLASHINFER_DISABLE_JIT is set and no prebuilt FlashInfer topk module was found"
     )
 
 

@@ -12,9 +12,8 @@ from flashinfer_stats import chi_square, chi_square_critical
 
 import rlk
 from rlk import reference
-from rlk_flashinfer import sampler
+from rlk_flashinfer import full_vocabulary
 from rlk_flashinfer.sampler import sample
-from rlk_flashinfer.seeds import SLOTS, split_seed
 
 
 def _logits(batch: int, vocab: int, seed: int = 0, dtype: torch.dtype = torch.float32):
@@ -40,42 +39,99 @@ def test_softmax_gets_raw_logits_and_the_temperature(fake: FakeFlashInfer, tempe
     assert torch.equal(softmax_calls[0].args[0], logits)  # never pre-divided by T
 
 
+FILTERS = [(0, 1.0, 0.0), (7, 1.0, 0.0), (3000, 1.0, 0.0), (0, 0.8, 0.0), (0, 1.0, 0.1),
+           (5, 0.9, 0.05)]
+
+
+@pytest.mark.parametrize(("top_k", "top_p", "min_p"), FILTERS)
+def test_rows_whose_kept_set_fits_the_shortlist_take_one_top_k(fake: FakeFlashInfer, top_k: int,
+                                                               top_p: float, min_p: float):
+    logits = _logits(3, 3000)  # std 2: every filter keeps far fewer than 1024 tokens
+    tokens, _, processed = sample(logits, 1.3, top_k, top_p, min_p, _seeds(3))
+    no_filter = (0 < top_k < 3000, top_p < 1.0, min_p > 0.0) == (False, False, False)
+    assert fake.names() == (["softmax"] if no_filter else ["top_k"])
+    if not no_filter:
+        assert fake.calls[0].kwargs == {"k": 1024, "sorted": True, "deterministic": True}
+    log_q = reference.sample_log_probs(logits, temperature=1.3, top_k=top_k, top_p=top_p,
+                                       min_p=min_p)
+    torch.testing.assert_close(processed.double(), log_q.gather(1, tokens[:, None])[:, 0],
+                               rtol=0, atol=2e-6)
+
+
 @pytest.mark.parametrize(
     ("top_k", "top_p", "min_p", "expected"),
     [
-        (0, 1.0, 0.0, ["softmax", "sampling_from_probs"]),
-        (7, 1.0, 0.0, ["softmax", "top_k_renorm_probs", "sampling_from_probs"]),
-        (40, 1.0, 0.0, ["softmax", "sampling_from_probs"]),  # k >= V is no filter
-        (0, 0.8, 0.0, ["softmax", "top_p_renorm_probs", "sampling_from_probs"]),
-        (0, 1.0, 0.1, ["softmax", "min_p_sampling_from_probs"]),
-        (5, 0.9, 0.05, ["softmax", "top_k_renorm_probs", "top_p_renorm_probs",
-                        "min_p_sampling_from_probs"]),
+        (0, 1.0, 0.0, ["softmax"]),
+        (7, 1.0, 0.0, ["top_k", "softmax", "top_k_renorm_probs"]),
+        (0, 0.8, 0.0, ["top_k", "softmax", "top_p_renorm_probs"]),
+        (0, 1.0, 0.1, ["top_k", "softmax"]),  # min-p is applied to the weights of rlk's draw
+        (5, 0.9, 0.05, ["top_k", "softmax", "top_k_renorm_probs", "top_p_renorm_probs"]),
     ],
 )
-def test_filters_map_onto_flashinfer_calls(fake: FakeFlashInfer, top_k: int, top_p: float,
-                                           min_p: float, expected: list[str]):
-    seeds = torch.arange(3, dtype=torch.int64)  # one key: a single launch
-    sample(_logits(3, 40), 1.3, top_k, top_p, min_p, seeds)
+def test_rows_past_the_shortlist_map_onto_flashinfer_calls(fake: FakeFlashInfer, top_k: int,
+                                                           top_p: float, min_p: float,
+                                                           expected: list[str]):
+    logits = torch.zeros(3, 3000)  # every logit tied: each filter keeps the whole row
+    tokens, _, processed = sample(logits, 1.3, top_k, top_p, min_p, _seeds(3))
     assert fake.names() == expected
     by_name = {call.name: call.kwargs for call in fake.calls}
     if "top_k_renorm_probs" in by_name:
         assert by_name["top_k_renorm_probs"]["top_k"] == top_k
     if "top_p_renorm_probs" in by_name:
         assert by_name["top_p_renorm_probs"] == {"top_p": top_p, "is_deterministic": True}
-    draw = by_name[expected[-1]]
-    assert draw["seed"] == 0 and draw["offset"] == 0 and draw["deterministic"] is True
-    assert draw["indices"].tolist() == [0, 1, 2]
-    if "min_p_sampling_from_probs" in by_name:
-        assert by_name["min_p_sampling_from_probs"]["min_p"] == min_p
+    assert bool((tokens >= 0).all())
+    torch.testing.assert_close(processed, torch.full((3,), -math.log(3000.0)))
 
 
-def test_seed_key_and_slot_reach_flashinfer(fake: FakeFlashInfer):
-    seeds = torch.tensor([(5 << 6) | 3, -1], dtype=torch.int64)
-    sample(_logits(2, 16), 1.0, 0, 1.0, 0.0, seeds)
-    draws = [call.kwargs for call in fake.calls if call.name == "sampling_from_probs"]
-    assert [d["seed"] for d in draws] == [5, (2**64 - 1) >> 6]
-    assert draws[0]["indices"].tolist() == [0, 0, 0, 0]  # row 0 at position 3
-    assert draws[1]["indices"].tolist() == [1] * SLOTS  # row 1 at position 63
+def test_each_row_takes_its_own_path_and_keeps_its_token(fake: FakeFlashInfer):
+    """Rows that fit their shortlist beside rows that do not: a row's token and
+    processed_logp are the same alone as in the mixed batch."""
+    logits = _logits(8, 3000, seed=11)
+    logits[1::2] = torch.randn(4, 3000, generator=torch.Generator().manual_seed(3)) * 0.01
+    seeds = _seeds(8)
+    tokens, _, processed = sample(logits, 1.0, 0, 0.9, 0.02, seeds)
+    assert fake.names() == ["top_k", "softmax", "top_p_renorm_probs"]
+    for row in range(8):
+        alone, _, alone_processed = sample(logits[row:row + 1], 1.0, 0, 0.9, 0.02,
+                                           seeds[row:row + 1])
+        assert int(alone) == int(tokens[row])
+        assert torch.equal(alone_processed, processed[row:row + 1])
+    log_q = reference.sample_log_probs(logits, top_p=0.9, min_p=0.02)
+    torch.testing.assert_close(processed.double(), log_q.gather(1, tokens[:, None])[:, 0],
+                               rtol=0, atol=2e-5)
+
+
+def test_a_top_k_tie_past_the_shortlist_leaves_top_p_its_whole_mass(fake: FakeFlashInfer):
+    """Regression: 2000 logits tie at the k-th value, so the top-k set runs past the 1024 on
+    the shortlist. The min-p floor lies above them, but top-p is relative to the whole top-k
+    set's mass: measured on the shortlist alone, it would keep token 0 only."""
+    row = torch.full((3000,), -10.0)
+    row[0], row[1], row[2:2002] = 10.0, 9.5, 7.0
+    logits = row.expand(16, -1).contiguous()
+    tokens, _, processed = sample(logits, 1.0, 3, 0.015, 0.1, _seeds(16))
+    log_q = reference.sample_log_probs(logits[:1], top_k=3, top_p=0.015, min_p=0.1)[0]
+    assert log_q[:2].isfinite().all() and not log_q[2:].isfinite().any()
+    assert set(tokens.tolist()) <= {0, 1}
+    torch.testing.assert_close(processed.double(), log_q[tokens], rtol=0, atol=2e-6)
+
+
+def test_tied_logits_in_the_shortlist_do_not_move_a_token(fake: FakeFlashInfer):
+    """The fake's top-k orders ties by batch size; the pick runs in vocabulary order."""
+    logits = (_logits(6, 3000, seed=8) * 2).round().to(torch.bfloat16)  # many ties
+    seeds = _seeds(6)
+    tokens, _, _ = sample(logits, 1.0, 40, 1.0, 0.0, seeds)
+    assert fake.names() == ["top_k"]
+    for row in range(6):
+        alone, _, _ = sample(logits[row:row + 1], 1.0, 40, 1.0, 0.0, seeds[row:row + 1])
+        assert int(alone) == int(tokens[row])
+
+
+def test_random_row_seeds_take_one_launch_of_each_kernel(fake: FakeFlashInfer):
+    """Regression (issue 18): a random seed per row took one FlashInfer launch per row."""
+    sample(_logits(256, 64), 0.9, 10, 0.9, 0.05, _seeds(256))
+    assert fake.names() == ["top_k"]
+    sample(torch.zeros(256, 3000), 0.9, 10, 0.9, 0.05, _seeds(256))
+    assert fake.names()[1:] == ["top_k", "softmax", "top_k_renorm_probs", "top_p_renorm_probs"]
 
 
 def test_greedy_never_calls_flashinfer(fake: FakeFlashInfer):
@@ -212,23 +268,17 @@ def test_identical_rows_and_seeds_give_identical_tokens(fake: FakeFlashInfer):
 
 
 def test_blocks_and_strides_do_not_change_results(fake: FakeFlashInfer, monkeypatch):
-    logits = _logits(30, 24, seed=9)
+    logits = _logits(30, 1500, seed=9)
+    logits[::3] *= 0.01  # a third of the rows take the full-vocabulary path
     seeds = _seeds(30)
-    reference = sample(logits, 0.9, 5, 0.9, 0.02, seeds)
-    monkeypatch.setattr(sampler, "BLOCK_ELEMENTS", 24 * 7)  # blocks of 7 rows
-    blocked = sample(logits, 0.9, 5, 0.9, 0.02, seeds)
-    strided = sample(logits.t().contiguous().t(), 0.9, 5, 0.9, 0.02, seeds)
+    reference = sample(logits, 0.9, 0, 0.9, 0.02, seeds)
+    monkeypatch.setattr(full_vocabulary, "BLOCK_ELEMENTS", 1500 * 7)  # blocks of 7 rows
+    blocked = sample(logits, 0.9, 0, 0.9, 0.02, seeds)
+    assert fake.names().count("top_k") == 1 + 5 and fake.names().count("softmax") == 1 + 2
+    strided = sample(logits.t().contiguous().t(), 0.9, 0, 0.9, 0.02, seeds)
     for got in (blocked, strided):
         for left, right in zip(got, reference, strict=True):
             assert torch.equal(left, right)
-
-
-def test_launches_group_rows_by_key(fake: FakeFlashInfer):
-    seeds = torch.arange(128, dtype=torch.int64) + (77 << 6)
-    sample(_logits(128, 10), 1.0, 0, 1.0, 0.0, seeds)
-    draws = [call.kwargs for call in fake.calls if call.name == "sampling_from_probs"]
-    assert sorted(d["seed"] for d in draws) == [77, 78]
-    assert {split_seed(int(s))[0] for s in seeds} == {77, 78}
 
 
 # --- errors -----------------------------------------------------------------------------

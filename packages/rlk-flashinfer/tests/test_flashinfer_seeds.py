@@ -1,49 +1,38 @@
-"""The seed -> (Philox key, slot) mapping and the launch plan built on it."""
+"""Per-row uniforms: splitmix64 of the row's seed, whatever else is in the batch."""
 
 from __future__ import annotations
 
-import random
+import torch
 
-from rlk_flashinfer.seeds import SLOTS, Launch, plan_launches, split_seed
+from rlk.ops.sample import _mix64
+from rlk_flashinfer.seeds import uniforms
 
-
-def test_split_reads_the_unsigned_pattern():
-    assert split_seed(0) == (0, 0)
-    assert split_seed((123 << 6) | 45) == (123, 45)
-    assert split_seed(-1) == ((1 << 58) - 1, SLOTS - 1)
-    assert split_seed(-(2**63)) == (1 << 57, 0)
+EDGE_SEEDS = [0, 1, -1, 2**63 - 1, -(2**63), 0x1234_5678_9ABC_DEF0, -987654321]
 
 
-def test_split_is_injective_on_a_sample():
-    generator = random.Random(0)
-    seeds = {generator.randrange(-(2**63), 2**63) for _ in range(5000)} | set(range(-70, 70))
-    assert len({split_seed(seed) for seed in seeds}) == len(seeds)
+def test_the_first_uniform_is_splitmix64_of_the_seed():
+    # rlk-core's _mix64 is splitmix64's first output for a Python int: the same 64 bits
+    # reached through wrapping int64 tensor arithmetic
+    got = uniforms(torch.tensor(EDGE_SEEDS, dtype=torch.int64), 1)[:, 0]
+    want = [((_mix64(seed) % 2**64) >> 11) * 2.0**-53 for seed in EDGE_SEEDS]
+    assert got.tolist() == want
 
 
-def test_plan_places_every_row_once_at_its_slot_under_its_key():
-    generator = random.Random(1)
-    seeds = [generator.randrange(-(2**63), 2**63) for _ in range(50)]
-    seeds += [*list(range(1000, 1100)), 7, 7, 7, -3, -3]
-    launches = plan_launches(seeds)
-    placed = sorted(row for launch in launches for row in launch.rows)
-    assert placed == list(range(len(seeds)))
-    for launch in launches:
-        assert len(set(launch.slots)) == len(launch.slots), "two rows share a position"
-        layout = launch.indices()
-        assert len(layout) == launch.size == max(launch.slots) + 1
-        for row, slot in zip(launch.rows, launch.slots, strict=True):
-            assert split_seed(seeds[row]) == (launch.key, slot)
-            assert layout[slot] == row
-        assert set(layout) <= set(launch.rows)
+def test_uniforms_lie_in_the_unit_interval_and_depend_on_the_seed_alone():
+    seeds = torch.randint(-(2**63), 2**63 - 1, (4096,), dtype=torch.int64)
+    both = uniforms(seeds, 2)
+    assert both.shape == (4096, 2) and both.dtype == torch.float64
+    assert bool(((both >= 0) & (both < 1)).all())
+    order = torch.randperm(4096)
+    assert torch.equal(uniforms(seeds[order], 2), both[order])
+    assert torch.equal(uniforms(seeds[7:8], 2), both[7:8])
+    # the two columns are different draws, and they are close to uniform
+    assert not torch.equal(both[:, 0], both[:, 1])
+    assert abs(float(both.mean()) - 0.5) < 0.02
 
 
-def test_consecutive_seeds_share_launches_and_duplicates_split():
-    assert len(plan_launches(list(range(128)))) == 2
-    duplicates = plan_launches([5, 5, 5])
-    assert [launch.rows for launch in duplicates] == [(0,), (1,), (2,)]
-    assert all(launch.slots == (5,) for launch in duplicates)
-
-
-def test_launch_layout_fills_free_positions_with_a_row_of_the_launch():
-    launch = Launch(key=9, rows=(4, 2), slots=(3, 1))
-    assert launch.indices() == [4, 2, 4, 4]
+def test_neighbouring_seeds_give_unrelated_uniforms():
+    seeds = torch.arange(1 << 12, dtype=torch.int64)  # rlk's int seeds differ in low bits
+    first = uniforms(seeds, 1)[:, 0]
+    counts = torch.histc(first, bins=16, min=0.0, max=1.0)
+    assert float(counts.min()) > 0.6 * (1 << 12) / 16

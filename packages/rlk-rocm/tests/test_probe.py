@@ -27,7 +27,7 @@ def amd(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     monkeypatch.setattr(torch.cuda, "get_device_properties", no_runtime)
     monkeypatch.setattr(_ext, "built", lambda: True)
     monkeypatch.setattr(_ext, "architectures", lambda: ["gfx90a", "gfx942"])
-    monkeypatch.setattr(_ext, "hip_version", lambda: "6.2.41133")
+    monkeypatch.setattr(_ext, "toolkit_version", lambda: "6.2.41133")
     monkeypatch.setattr(_ext, "import_error", lambda: None)
     return monkeypatch
 
@@ -115,7 +115,7 @@ def test_current_device_is_used_once_hip_started(amd: pytest.MonkeyPatch) -> Non
 
 
 def test_hip_major_mismatch(amd: pytest.MonkeyPatch) -> None:
-    amd.setattr(_ext, "hip_version", lambda: "5.2.21153")
+    amd.setattr(_ext, "toolkit_version", lambda: "5.2.21153")
     assert probe.probe(CUDA0) == (
         "extension built with HIP 5.2.21153, torch uses HIP 6.2.41133-dd7f95766: rebuild "
         "rlk-rocm against the ROCm of this torch"

@@ -6,25 +6,30 @@ first introspection call (`rlk.backends()`, `rlk.explain()`).
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from rlk import distributed
 from rlk.config import check_inputs
 from rlk.dispatch import use_backends
-from rlk.errors import BackendUnavailableError, PluginError
+from rlk.errors import BackendUnavailableError, KernelError, PluginError
+from rlk.hookspec import API_VERSION as PLUGIN_API_VERSION
+from rlk.hookspec import hookimpl
 from rlk.introspect import BackendInfo, backends, explain
 from rlk.ops.advantages import group_advantages
+from rlk.ops.advantages_options import GroupAdvantagesOptions
+from rlk.ops.entropy import entropy
 from rlk.ops.linear_logp import linear_logp, linear_logp_entropy
+from rlk.ops.linear_policy_loss import linear_policy_loss
 from rlk.ops.logp import logp, logp_entropy
 from rlk.ops.policy_loss import policy_loss
 from rlk.ops.policy_loss_options import PolicyLossOptions
 from rlk.ops.sample import Sampled, sample
-from rlk.plugins import PLUGIN_API_VERSION, hookimpl
+from rlk.version import __version__
 
 __all__ = [
     "PLUGIN_API_VERSION",
     "BackendInfo",
     "BackendUnavailableError",
+    "GroupAdvantagesOptions",
+    "KernelError",
     "PluginError",
     "PolicyLossOptions",
     "Sampled",
@@ -32,11 +37,13 @@ __all__ = [
     "backends",
     "check_inputs",
     "distributed",
+    "entropy",
     "explain",
     "group_advantages",
     "hookimpl",
     "linear_logp",
     "linear_logp_entropy",
+    "linear_policy_loss",
     "logp",
     "logp_entropy",
     "policy_loss",

@@ -1,9 +1,9 @@
 """Choosing a backend's kernel for each call.
 
-The decision depends only on (op, device, main dtype, the op's flags, the user's
-policy), so it is made once per such key and cached: the steady-state cost of a
-call is one dict lookup. Every rejected candidate keeps its reason, for
-`rlk.explain`, `rlk-core doctor` and `BackendUnavailableError`.
+The decision depends only on (op, device, main dtype, the op's flags, whether an input
+requires grad, the user's policy), so it is made once per such key and cached: the
+steady-state cost of a call is one dict lookup. Every rejected candidate keeps its reason,
+for `rlk.explain`, `rlk-core doctor` and `BackendUnavailableError`.
 """
 
 from __future__ import annotations
@@ -12,18 +12,21 @@ import contextlib
 import contextvars
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from rlk.config import env_flag, env_names
 from rlk.errors import BackendUnavailableError
-from rlk.plugins import PluginLoader
-from rlk.registry import Kernel, Registry
+from rlk.names import did_you_mean, listing
+from rlk.ops import OP_NAMES
+from rlk.plugins import BLOCKED, DUPLICATE, FAILED, PluginLoader, failed_plugins
+from rlk.registry import Kernel, Registry, as_names, verdict
 
 log = logging.getLogger("rlk")
+Bound = TypeVar("Bound")
 
 
 @dataclass(frozen=True)
@@ -37,17 +40,26 @@ class Policy:
 
 @dataclass(frozen=True)
 class Selection:
-    """The outcome of selection for one call: the kernel chosen and every rejection."""
+    """The outcome of selection for one call: the kernel chosen and every rejection.
+
+    `uses` names the ops the chosen kernel dispatches itself (their own selections decide
+    which backend runs them).
+    """
 
     op: str
     device: str
     backend: str | None
     kernel: Kernel | None
     rejected: Mapping[str, str] = field(default_factory=dict)
+    plan: str | None = None  # how the kernel will run the call, when it says (`explain`)
 
     @property
     def kernel_name(self) -> str | None:
         return None if self.kernel is None else self.kernel.target
+
+    @property
+    def uses(self) -> tuple[str, ...]:
+        return () if self.kernel is None else self.kernel.uses
 
 
 class Dispatcher:
@@ -59,35 +71,46 @@ class Dispatcher:
         self.env_policy = Policy(
             order=env_names("RLK_BACKENDS"), strict=env_flag("RLK_STRICT")
         )
-        self._cache: dict[tuple[Any, ...], Kernel] = {}
-        self._warned: set[tuple[str, str, str]] = set()
+        self._cache: dict[tuple[Any, ...], Any] = {}
+        self._warned: set[tuple[str, ...]] = set()
         self._lock = threading.Lock()
 
     def kernel_for(self, op: str, device: torch.device, dtype: torch.dtype,
-                   flags: tuple[Any, ...], args: Mapping[str, Any]) -> Kernel:
-        """The kernel to run; raises BackendUnavailableError when none may run."""
+                   flags: tuple[Any, ...], args: Mapping[str, Any], needs_grad: bool,
+                   bind: Callable[[Kernel], Bound]) -> Bound:
+        """The kernel to run, bound to its op's contract; raises BackendUnavailableError when
+        none may run. `needs_grad`: an input of the call requires grad."""
         policy = current_policy(self)
-        key = (op, device.type, device.index, dtype, flags, policy)
-        kernel = self._cache.get(key)
-        if kernel is not None:
-            return kernel
-        selection = self.decide(op, device, dtype, args, policy)
+        key = (op, device.type, device.index, dtype, flags, needs_grad, policy)
+        found = self._cache.get(key)
+        if found is not None:
+            return found
+        self.loader.ensure_loaded()
+        selection = self.decide(op, device, dtype, args, policy, needs_grad)
         if selection.kernel is None:
-            detail = " (strict mode)" if policy.strict else ""
+            detail = " (strict mode)" if self._strict_binds(op, policy) else ""
             raise BackendUnavailableError(op, str(device), selection.rejected, detail)
         self._log_fallback(selection, policy)
-        with self._lock:
-            self._cache[key] = selection.kernel
-        return selection.kernel
+        bound = bind(selection.kernel)
+        if self.loader.loaded:  # a plugin calling rlk while it loads saw part of the table
+            with self._lock:
+                self._cache[key] = bound
+        return bound
 
     def decide(self, op: str, device: torch.device, dtype: torch.dtype,
-               args: Mapping[str, Any], policy: Policy) -> Selection:
-        """Rank the candidates for one call and take the first that accepts it."""
-        self.loader.ensure_loaded()
+               args: Mapping[str, Any], policy: Policy, needs_grad: bool = False) -> Selection:
+        """Rank the candidates for one call and take the first that accepts it.
+
+        Loads plugins if needed, but leaves RLK_STRICT_PLUGINS' error to the callers that
+        want it (op calls, explain): the doctor decides in spite of failed plugins.
+        """
+        self.loader.load()
+        self._warn_unknown(policy)
+        binds = self._strict_binds(op, policy)
         rejected: dict[str, str] = {}
         chosen: Kernel | None = None
         for kernel in self._ranked(op, policy):
-            reason = self._reject_reason(kernel, device, dtype, args, policy)
+            reason = self._reject_reason(kernel, device, dtype, args, policy, binds, needs_grad)
             if reason is None and chosen is None:
                 chosen = kernel
                 continue
@@ -99,9 +122,28 @@ class Dispatcher:
                 rejected[name] = f"registers no '{op}' kernel"
         for name in policy.order:
             if name not in self.registry.backends:
-                rejected[name] = "not installed (no plugin registered this backend)"
+                rejected[name] = self.missing(name)
         backend = None if chosen is None else chosen.backend
         return Selection(op, str(device), backend, chosen, rejected)
+
+    def missing(self, name: str) -> str:
+        """Why no backend called `name` is registered: its plugin's recorded cause if any."""
+        record = next((r for r in self.loader.records if r.name == name), None)
+        if record is not None and record.status in (FAILED, BLOCKED, DUPLICATE):
+            where = f"{record.distribution} {record.version}".strip()
+            verb = {FAILED: "failed to load", BLOCKED: "is blocked",
+                    DUPLICATE: "was skipped"}[record.status]
+            return f"not installed: plugin '{name}' ({where or 'no distribution'}) {verb}: " \
+                   f"{record.error}"
+        failed = failed_plugins(self.loader.records)
+        also = f"; plugins that failed to load: {', '.join(failed)}" if failed else ""
+        return (f"not installed: no plugin registered a backend '{name}' (backends: "
+                f"{listing(self.registry.backends)}){did_you_mean(name, self.registry.backends)}"
+                f"{also}")
+
+    def probe(self, backend: str, device: torch.device) -> str | None:
+        """The reason `backend` cannot serve `device`, or None (cached per device)."""
+        return self.registry.probe(backend, device).reason
 
     def _ranked(self, op: str, policy: Policy) -> list[Kernel]:
         backends = self.registry.backends
@@ -113,8 +155,9 @@ class Dispatcher:
         return sorted(self.registry.kernels[op], key=rank)
 
     def _reject_reason(self, kernel: Kernel, device: torch.device, dtype: torch.dtype,
-                       args: Mapping[str, Any], policy: Policy) -> str | None:
-        if policy.strict and not self._strict_allows(kernel, policy):
+                       args: Mapping[str, Any], policy: Policy, binds: bool,
+                       needs_grad: bool) -> str | None:
+        if binds and not self._strict_allows(kernel, policy):
             return "strict mode allows only " + (
                 ", ".join(policy.order) if policy.order else "the highest-priority backend"
             )
@@ -128,18 +171,33 @@ class Dispatcher:
             return "lacks required propert" + ("y " if len(missing) == 1 else "ies ") + ", ".join(
                 sorted(missing)
             )
-        verdict = self.registry.backends[kernel.backend].probe_device(device)
-        if verdict is not None:
-            return verdict
+        reason = self.probe(kernel.backend, device)
+        if reason is not None:
+            return reason
         broken = kernel.importable()
         if broken is not None:
             return broken
+        if needs_grad and kernel.backward_target is None:
+            return ("registers no backward and an input requires grad (detach the inputs to "
+                    "use this kernel)")
         if kernel.check is not None:
             try:
-                return kernel.check(**args)
+                return verdict("check", kernel.check(**args))
             except Exception as exc:
                 return f"check raised {type(exc).__name__}: {exc}"
         return None
+
+    def _strict_binds(self, op: str, policy: Policy) -> bool:
+        """Whether strict mode constrains `op`. It does unless every backend the policy names
+        is installed and none of them implements `op`: requiring a backend for the ops it
+        serves leaves the others to their usual backends."""
+        if not policy.strict:
+            return False
+        if not policy.order:
+            return True
+        serving = {k.backend for k in self.registry.kernels[op]}
+        return any(name in serving or name not in self.registry.backends
+                   for name in policy.order)
 
     def _strict_allows(self, kernel: Kernel, policy: Policy) -> bool:
         if policy.order:
@@ -147,6 +205,24 @@ class Dispatcher:
         top = max(self.registry.kernels[kernel.op],
                   key=lambda k: self.registry.backends[k.backend].priority)
         return kernel is top
+
+    def _warn_unknown(self, policy: Policy) -> None:
+        """Warn once per backend or property name a policy holds that nothing registered."""
+        for name in policy.order:
+            if name not in self.registry.backends:
+                self._warn_once(("backend", name), "rlk: the backend preference names '%s', "
+                                "which is %s", name, self.missing(name))
+        known = {p for kernels in self.registry.kernels.values() for k in kernels
+                 for p in k.properties}
+        for prop in sorted(policy.require - known):
+            self._warn_once(("property", prop), "rlk: require= names property '%s', which no "
+                            "kernel declares (properties: %s)%s", prop, listing(known),
+                            did_you_mean(prop, known))
+
+    def _warn_once(self, key: tuple[str, ...], message: str, *values: object) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message, *values)
 
     def _log_fallback(self, selection: Selection, policy: Policy) -> None:
         """Log once per (op, backend, reason) when a better-ranked backend was passed over.
@@ -157,18 +233,17 @@ class Dispatcher:
         assert selection.kernel is not None
         device_type = torch.device(selection.device).type
         chosen_priority = self.registry.backends[selection.kernel.backend].priority
+        binds = self._strict_binds(selection.op, policy)
         for kernel in self.registry.kernels[selection.op]:
             reason = selection.rejected.get(kernel.backend)
             if reason is None or device_type not in kernel.devices:
                 continue
-            if policy.strict and not self._strict_allows(kernel, policy):
+            if binds and not self._strict_allows(kernel, policy):
                 continue
             if self.registry.backends[kernel.backend].priority <= chosen_priority:
                 continue
-            key = (selection.op, kernel.backend, reason)
-            if key not in self._warned:
-                self._warned.add(key)
-                log.warning("rlk: '%s' falls back from backend '%s' to '%s': %s",
+            self._warn_once(("fallback", selection.op, kernel.backend, reason),
+                            "rlk: '%s' falls back from backend '%s' to '%s': %s",
                             selection.op, kernel.backend, selection.backend, reason)
 
 
@@ -197,22 +272,28 @@ def current_policy(dispatcher: Dispatcher) -> Policy:
 
 @contextlib.contextmanager
 def use_backends(*names: str, strict: bool | None = None,
-                 require: Iterable[str] = ()) -> Iterator[Policy]:
+                 require: str | Iterable[str] = ()) -> Iterator[Policy]:
     """Scope a backend preference: `with rlk.use_backends("cuda", strict=True): ...`.
 
     Names come first in that order; unnamed backends keep their priority after them.
-    `strict=True` raises instead of falling back outside the named backends (or, with
-    no names, below the highest-priority backend); `require` keeps only kernels with
-    those properties (for example "batch_invariant"). Scopes nest; the inner one wins.
+    `strict=True` raises instead of falling back outside the named backends (or, with no
+    names, below the highest-priority backend), for the ops a named backend implements
+    (every op, when a named backend is not installed); `require` keeps only kernels with
+    those properties (one name or several, e.g. "batch_invariant"). Scopes nest; the
+    inner one wins.
     """
     for name in names:
         if not isinstance(name, str) or not name:
             raise TypeError(f"backend names must be non-empty strings, got {name!r}")
+    if strict is not None and not isinstance(strict, bool):
+        raise TypeError(f"strict must be True, False or None (keep the outer setting), "
+                        f"got {strict!r}")
+    required = frozenset(as_names("require", require))
     outer = _policy.get() or get_dispatcher().env_policy
     policy = Policy(
         order=tuple(names) if names else outer.order,
-        strict=outer.strict if strict is None else bool(strict),
-        require=frozenset(require) | outer.require,
+        strict=outer.strict if strict is None else strict,
+        require=required | outer.require,
     )
     token = _policy.set(policy)
     try:
@@ -230,8 +311,6 @@ def get_dispatcher() -> Dispatcher:
     if _dispatcher is None:
         with _dispatcher_lock:
             if _dispatcher is None:
-                from rlk.ops import OP_NAMES
-
                 _dispatcher = Dispatcher(OP_NAMES)
     return _dispatcher
 

@@ -23,3 +23,12 @@ class BackendUnavailableError(RuntimeError):
 
 class PluginError(RuntimeError):
     """A plugin failed to load or register while RLK_STRICT_PLUGINS=1."""
+
+
+class KernelError(RuntimeError):
+    """A backend's kernel returned something its op's contract does not allow."""
+
+
+def describe(exc: BaseException) -> str:
+    """'TypeName: message', the form every recorded failure takes."""
+    return f"{type(exc).__name__}: {exc}"

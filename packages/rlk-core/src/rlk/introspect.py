@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
-from rlk.dispatch import Selection, current_policy, get_dispatcher
+from rlk.dispatch import Dispatcher, Selection, get_dispatcher
+from rlk.ops import specs
+from rlk.plugins import BLOCKED as BLOCKED_PLUGIN
+from rlk.plugins import FAILED as FAILED_PLUGIN
 from rlk.registry import BLOCKED, FAILED, READY, UNAVAILABLE
 
 
@@ -29,10 +33,18 @@ def default_device() -> torch.device:
 
 
 def backends(device: torch.device | str | None = None) -> list[BackendInfo]:
-    """One record per known backend, with its status on `device` (default: see default_device)."""
+    """One record per known backend, with its status on `device` (default: see default_device).
+
+    A backend is `failed` when a kernel of it cannot import or its probe raised (or broke
+    the probe contract) on `device`, `unavailable` when its probe refused `device`.
+    """
     dispatcher = get_dispatcher()
     dispatcher.loader.ensure_loaded()
-    target = default_device() if device is None else torch.device(device)
+    return backend_records(dispatcher, default_device() if device is None else torch.device(device))
+
+
+def backend_records(dispatcher: Dispatcher, target: torch.device) -> list[BackendInfo]:
+    """`backends()` for loaded plugins, without RLK_STRICT_PLUGINS' error (the doctor's view)."""
     records = []
     for backend in sorted(dispatcher.registry.backends.values(), key=lambda b: -b.priority):
         broken = [
@@ -42,18 +54,18 @@ def backends(device: torch.device | str | None = None) -> list[BackendInfo]:
             if kernel.backend == backend.name
         ]
         failure = next((why for why in broken if why is not None), None)
-        verdict = backend.probe_device(target)
+        verdict = dispatcher.registry.probe(backend.name, target)
         if failure is not None:
             status, reason = FAILED, failure
-        elif verdict is not None:
-            status, reason = UNAVAILABLE, verdict
+        elif verdict.reason is not None:
+            status, reason = (FAILED if verdict.failed else UNAVAILABLE), verdict.reason
         else:
             status, reason = READY, ""
         records.append(BackendInfo(backend.name, backend.distribution, backend.version,
                                    backend.priority, status, reason, backend.plugin))
     for record in dispatcher.loader.records:
-        if record.status != "loaded":
-            status = BLOCKED if record.status == "blocked" else FAILED
+        if record.status in (FAILED_PLUGIN, BLOCKED_PLUGIN):
+            status = BLOCKED if record.status == BLOCKED_PLUGIN else FAILED
             records.append(BackendInfo(record.name, record.distribution, record.version, None,
                                        status, record.error, record.name))
     return records
@@ -62,15 +74,16 @@ def backends(device: torch.device | str | None = None) -> list[BackendInfo]:
 def explain(op: str, *args: object, **kwargs: object) -> Selection:
     """The selection for `rlk.<op>(*args, **kwargs)` without running it.
 
-    The result has `.backend`, `.kernel` and `.rejected` (backend -> reason).
+    The result has `.backend`, `.kernel_name`, `.rejected` (backend -> reason), `.uses`
+    (ops the chosen kernel dispatches itself: explain those for their backend) and `.plan`:
+    the path the kernel will take, for kernels whose forward has a `plan(**kernel_args)`
+    attribute (linear_policy_loss: 3 GEMMs or two passes).
     """
-    from rlk.ops import specs
-
     known = specs()
     if op not in known:
         raise ValueError(f"unknown op {op!r}; rlk defines {sorted(known)}")
     spec = known[op]
     call = spec.prepare(*args, **kwargs)
-    main = call[spec.main_input]
-    dispatcher = get_dispatcher()
-    return dispatcher.decide(op, main.device, main.dtype, call, current_policy(dispatcher))
+    selection = spec.select(call)
+    plan = None if selection.kernel is None else getattr(selection.kernel.forward, "plan", None)
+    return selection if plan is None else dataclasses.replace(selection, plan=plan(**call))

@@ -1,40 +1,43 @@
-"""Finding, loading and registering backend plugins, each in isolation.
+"""Finding, loading and registering backend plugins: each in isolation, all of them once.
 
-A plugin that fails must never break the host: its failure becomes a record that
-`rlk.backends()` and `rlk-core doctor` show, and a WARNING logged once. Only
-RLK_STRICT_PLUGINS=1 (used by CI) turns such failures into errors.
+A plugin that fails never breaks the host nor stops another plugin from loading: it
+becomes a record that `rlk.backends()` and `rlk-core doctor` show, and a WARNING. Each
+plugin's hook writes into a registry of its own, merged only if the whole hook returns.
+Loading is all or nothing for the process: if it is interrupted (Ctrl-C), what it did is
+forgotten, the interrupt propagates and the next call loads again. RLK_STRICT_PLUGINS=1
+(CI) makes every call raise PluginError while a plugin is failed.
+
+The lock is re-entrant: a plugin that calls rlk while it loads sees the plugins loaded
+before it, and the dispatcher caches nothing decided before loading ends.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
+import re
 import threading
-from dataclasses import dataclass
-from importlib import metadata
-from types import ModuleType
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from importlib import import_module, metadata
 from typing import Any
 
 import pluggy
 
 from rlk.config import env_flag, env_names
-from rlk.errors import PluginError
+from rlk.errors import PluginError, describe
+from rlk.hookspec import API_VERSION, PROJECT, HookSpecs
+from rlk.names import did_you_mean, listing
 from rlk.registry import Registry
+from rlk.version import __version__
+from rlk.watchdog import warn_if_slow
 
-PROJECT = "rlk"
 ENTRY_POINT_GROUP = "rlk.backends"
-PLUGIN_API_VERSION = "1.0"
 BUILTIN_PLUGINS = ("rlk.native.plugin",)
-
-hookspec = pluggy.HookspecMarker(PROJECT)
-hookimpl = pluggy.HookimplMarker(PROJECT)
+LOADED, FAILED, BLOCKED, DUPLICATE = "loaded", "failed", "blocked", "duplicate"
+# what importlib can load: a dotted module, optionally ":attr.path", optionally "[extras]"
+_VALID_TARGET = re.compile(r"^\s*[\w.]+\s*(:\s*[\w.]+\s*)?(\[[^\]]*\])?\s*$")
 log = logging.getLogger("rlk")
-
-
-class _HookSpecs:
-    @hookspec
-    def rlk_register(self, registry: Registry) -> None:
-        """Declare backends with `registry.add_backend` and kernels with `registry.add_kernel`."""
+_FAILED = object()  # what a failed attempt returns
 
 
 @dataclass(frozen=True)
@@ -44,18 +47,35 @@ class PluginRecord:
     name: str
     distribution: str
     version: str
-    status: str  # "loaded", "failed" or "blocked"
+    status: str  # loaded | failed | blocked | duplicate
     error: str = ""
+    target: str = ""  # the entry point's value: the module (or object) it names
 
 
-def _api_mismatch(module: Any) -> str | None:
-    declared = getattr(module, "RLK_PLUGIN_API", None)
+def api_mismatch(declared: object) -> str | None:
+    """Why a plugin declaring RLK_PLUGIN_API = `declared` cannot load here, or None.
+
+    The major version must match; the minor must not be newer than core's, since the
+    plugin may use what that minor version added.
+    """
     if declared is None:
-        return f"declares no RLK_PLUGIN_API (rlk-core speaks {PLUGIN_API_VERSION})"
-    major = str(declared).split(".")[0]
-    if major != PLUGIN_API_VERSION.split(".")[0]:
-        return f"written for plugin API {declared}, rlk-core speaks {PLUGIN_API_VERSION}"
+        return ("declares no RLK_PLUGIN_API (set RLK_PLUGIN_API = rlk.backend.API_VERSION); "
+                f"rlk-core speaks {API_VERSION}")
+    wanted, have = _major_minor(declared), _major_minor(API_VERSION)
+    assert have is not None
+    if wanted is None:
+        return f"declares RLK_PLUGIN_API = {declared!r}, not a 'major.minor' string"
+    if wanted[0] != have[0]:
+        return f"written for plugin API {declared}, rlk-core speaks {API_VERSION}"
+    if wanted[1] > have[1]:
+        return (f"written for plugin API {declared}, newer than rlk-core's {API_VERSION}: "
+                "upgrade rlk-core")
     return None
+
+
+def _major_minor(version: object) -> tuple[int, int] | None:
+    match = re.fullmatch(r"(\d+)\.(\d+)", version) if isinstance(version, str) else None
+    return None if match is None else (int(match[1]), int(match[2]))
 
 
 class PluginLoader:
@@ -64,83 +84,153 @@ class PluginLoader:
     def __init__(self, registry: Registry):
         self.registry = registry
         self.records: list[PluginRecord] = []
-        self._manager = pluggy.PluginManager(PROJECT)
-        self._manager.add_hookspecs(_HookSpecs)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._loaded = False
+        self._loading = False
+
+    @property
+    def loaded(self) -> bool:
+        """True once every plugin is loaded or recorded (and while none is loading)."""
+        return self._loaded
 
     def ensure_loaded(self) -> None:
+        """Load once; with RLK_STRICT_PLUGINS=1 raise PluginError while any plugin failed."""
+        self.load()
+        if env_flag("RLK_STRICT_PLUGINS"):
+            failed = [r for r in self.records if r.status == FAILED]
+            if failed:
+                lines = [f"  plugin '{r.name}' ({r.distribution} {r.version}): {r.error}"
+                         for r in failed]
+                names = ",".join(r.name for r in failed)
+                raise PluginError("\n".join([
+                    "rlk plugins failed to load (RLK_STRICT_PLUGINS=1 makes this an error):",
+                    *lines,
+                    f"fix or uninstall them, or block them with RLK_DISABLE_PLUGINS={names}",
+                ]))
+
+    def load(self) -> None:
+        """Load every plugin, unless done or in progress on this thread; never raises for a
+        plugin's sake (only an interrupt or a bug in rlk propagates, undoing the load)."""
         if self._loaded:
             return
         with self._lock:
-            if self._loaded:
+            if self._loaded or self._loading:
                 return
+            self._loading = True
             try:
-                for module_name in BUILTIN_PLUGINS:
-                    module = importlib.import_module(module_name)
-                    self._register(module_name, module, "rlk-core", _core_version())
-                for entry_point in _entry_points():
-                    self._load_entry_point(entry_point)
-            finally:  # even when strict mode raised: never register anything twice
-                self._loaded = True
+                self._load_all()
+            except BaseException:
+                self.registry.clear()
+                self.records = []
+                raise
+            finally:
+                self._loading = False
+            self._loaded = True
+        for warning in self.unknown_filters():
+            log.warning("rlk: %s", warning)
 
-    def _load_entry_point(self, entry_point: metadata.EntryPoint) -> None:
-        dist = entry_point.dist
-        dist_name = dist.metadata["Name"] if dist is not None else ""
-        dist_version = dist.version if dist is not None else ""
+    def unknown_filters(self) -> list[str]:
+        """RLK_PLUGINS / RLK_DISABLE_PLUGINS names that match no plugin's entry point."""
+        known = {r.name for r in self.records}
+        by_distribution = {_normal(r.distribution): r.name for r in self.records if r.distribution}
+        found = []
+        for control in ("RLK_PLUGINS", "RLK_DISABLE_PLUGINS"):
+            for name in env_names(control):
+                if name in known:
+                    continue
+                plugin = by_distribution.get(_normal(name))
+                hint = (f"; '{name}' is a distribution: its plugin is named '{plugin}'"
+                        if plugin else did_you_mean(name, known))
+                found.append(f"{control} names '{name}', which is no plugin's entry point "
+                             f"(plugins: {listing(known)}){hint}")
+        return found
+
+    def _load_all(self) -> None:
+        loaded_by: dict[int, str] = {}  # id(plugin object) -> the entry point that loaded it
+        for name in BUILTIN_PLUGINS:
+            record = PluginRecord(name, "rlk-core", __version__, LOADED, target=name)
+            self._register(record, import_module(name), loaded_by)
         only, disabled = env_names("RLK_PLUGINS"), env_names("RLK_DISABLE_PLUGINS")
-        if entry_point.name in disabled or (only and entry_point.name not in only):
-            why = "disabled by RLK_DISABLE_PLUGINS" if entry_point.name in disabled else (
-                "not listed in RLK_PLUGINS"
-            )
-            self.records.append(
-                PluginRecord(entry_point.name, dist_name, dist_version, "blocked", why)
-            )
-            return
-        try:
-            module = entry_point.load()
-        except Exception as exc:
-            error = f"import failed: {_describe(exc)}"
-            self._fail(entry_point.name, dist_name, dist_version, error)
-            return
-        self._register(entry_point.name, module, dist_name, dist_version)
+        for entry_point in _entry_points():
+            record = _record(entry_point)
+            if entry_point.name in disabled:
+                self.records.append(replace(record, status=BLOCKED,
+                                            error="disabled by RLK_DISABLE_PLUGINS"))
+            elif only and entry_point.name not in only:
+                self.records.append(replace(record, status=BLOCKED,
+                                            error="not listed in RLK_PLUGINS"))
+            elif not _VALID_TARGET.match(entry_point.value):
+                self._fail(record, f"malformed entry point value {entry_point.value!r}: "
+                                   "expected 'package.module' or 'package.module:object'")
+            else:
+                plugin = self._attempt(record, "import", entry_point.load)
+                if plugin is not _FAILED:
+                    self._register(record, plugin, loaded_by)
 
-    def _register(self, name: str, module: ModuleType, dist: str, version: str) -> None:
-        mismatch = _api_mismatch(module)
+    def _register(self, record: PluginRecord, plugin: Any, loaded_by: dict[int, str]) -> None:
+        first = loaded_by.get(id(plugin))
+        if first is not None:
+            self.records.append(replace(record, status=DUPLICATE, error="names the plugin that "
+                                        f"entry point '{first}' already loaded"))
+            return
+        loaded_by[id(plugin)] = record.name
+        mismatch = api_mismatch(getattr(plugin, "RLK_PLUGIN_API", None))
         if mismatch is not None:
-            self._fail(name, dist, version, mismatch)
+            self._fail(record, mismatch)
             return
-        stage = self.registry.scoped(name, dist)
-        try:
-            self._manager.register(module, name=name)
-            others = [p for p in self._manager.get_plugins() if p is not module]
-            self._manager.subset_hook_caller("rlk_register", remove_plugins=others)(
-                registry=stage
-            )
-        except Exception as exc:
-            if self._manager.is_registered(module):
-                self._manager.unregister(module)
-            self._fail(name, dist, version, f"rlk_register failed: {_describe(exc)}")
-            return
-        self.registry.adopt(stage)
-        self.records.append(PluginRecord(name, dist, version, "loaded"))
+        stage = self.registry.stage(record.name, record.distribution)
 
-    def _fail(self, name: str, dist: str, version: str, error: str) -> None:
-        self.records.append(PluginRecord(name, dist, version, "failed", error))
-        if env_flag("RLK_STRICT_PLUGINS"):
-            raise PluginError(f"plugin '{name}' ({dist} {version}): {error}")
-        log.warning("rlk: plugin '%s' (%s %s) is unusable: %s", name, dist, version, error)
+        def run_hook() -> None:
+            manager = pluggy.PluginManager(PROJECT)
+            manager.add_hookspecs(HookSpecs)
+            manager.register(plugin, name=record.name)
+            if not manager.hook.rlk_register.get_hookimpls():
+                raise LookupError("implements no rlk_register hook (a function marked "
+                                  "@rlk.backend.hookimpl)")
+            manager.hook.rlk_register(registry=stage)
+
+        if self._attempt(record, "rlk_register", run_hook) is not _FAILED:
+            self.registry.merge(stage)
+            self.records.append(replace(record, status=LOADED))
+
+    def _attempt(self, record: PluginRecord, action: str, call: Callable[[], Any]) -> Any:
+        """`call()`'s result, or _FAILED after recording why: any exception but Ctrl-C
+        (SystemExit from a plugin too) fails this plugin only. Slow calls are named."""
+        try:
+            with warn_if_slow(f"the {action} of plugin '{record.name}'",
+                              _block_hint(record.name)):
+                return call()
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            self._fail(record, f"{action} failed: {describe(exc)}")
+            return _FAILED
+
+    def _fail(self, record: PluginRecord, error: str) -> None:
+        self.records.append(replace(record, status=FAILED, error=error))
+        log.warning("rlk: plugin '%s' (%s %s) is unusable: %s. %s", record.name,
+                    record.distribution, record.version, error, _block_hint(record.name))
 
 
 def _entry_points() -> list[metadata.EntryPoint]:
     return sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
 
 
-def _core_version() -> str:
-    from rlk import __version__
+def _record(entry_point: metadata.EntryPoint) -> PluginRecord:
+    dist = entry_point.dist
+    name = dist.metadata["Name"] if dist is not None else ""
+    return PluginRecord(entry_point.name, name or "", dist.version if dist is not None else "",
+                        LOADED, target=entry_point.value)
 
-    return __version__
+
+def _normal(distribution: str) -> str:
+    return re.sub(r"[-_.]+", "-", distribution).lower()
 
 
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+def _block_hint(plugin: str) -> str:
+    return f"Block it with RLK_DISABLE_PLUGINS={plugin}."
+
+
+def failed_plugins(records: Iterable[PluginRecord]) -> list[str]:
+    """Names of the plugins that failed to load."""
+    return [r.name for r in records if r.status == FAILED]

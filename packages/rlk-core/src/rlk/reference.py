@@ -9,6 +9,7 @@ import math
 
 import torch
 
+from rlk.ops.advantages_options import GroupAdvantagesOptions
 from rlk.ops.policy_loss_options import PolicyLossOptions
 
 
@@ -21,9 +22,10 @@ def logp_entropy(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log softmax(logits / T) at `tokens`, and the entropy of softmax(logits / T), in float64.
 
-    Leading dimensions of `logits` match `tokens`; a per-row temperature has the
-    same shape as `tokens`. ignore_index gives 0 for both; an out-of-range token
-    gives NaN logp; non-finite rows give NaN.
+    `tokens` has the leading shape of `logits` (one token per row) or that shape plus K
+    (K tokens per row, logp `[..., K]`); a per-row temperature has the leading shape.
+    An ignored token (ignore_index) gives logp 0, and a row whose tokens are all ignored
+    gives entropy 0; an out-of-range token gives NaN logp; non-finite rows give NaN.
     """
     x = logits.to(torch.float64)
     if isinstance(temperature, torch.Tensor):
@@ -37,14 +39,31 @@ def logp_entropy(
     # p log p is 0 where p is 0; masking log p (not the product) keeps gradients finite
     entropy = -(probs * torch.where(probs > 0, log_probs, 0.0)).sum(dim=-1)
     tokens = tokens.detach().to(torch.int64)
-    valid = (tokens >= 0) & (tokens < vocab)
-    picked = log_probs.gather(-1, tokens.clamp(0, max(vocab - 1, 0)).unsqueeze(-1)).squeeze(-1)
-    logp = torch.where(valid, picked, torch.nan)
+    per_row = tokens.dim() == x.dim()
+    columns = tokens if per_row else tokens.unsqueeze(-1)
+    valid = (columns >= 0) & (columns < vocab)
+    picked = log_probs.gather(-1, columns.clamp(0, max(vocab - 1, 0)))
     finite = torch.isfinite(lse)
-    logp = torch.where(finite, logp, torch.nan)
+    logp = torch.where(valid & finite.unsqueeze(-1), picked, torch.nan)
     entropy = torch.where(finite, entropy, torch.nan)
-    ignored = tokens == ignore_index
-    return logp.masked_fill(ignored, 0.0), entropy.masked_fill(ignored, 0.0)
+    ignored = columns == ignore_index
+    logp = logp.masked_fill(ignored, 0.0)
+    entropy = entropy.masked_fill(ignored.all(dim=-1), 0.0)
+    return (logp if per_row else logp.squeeze(-1)), entropy
+
+
+def entropy(
+    logits: torch.Tensor,
+    *,
+    temperature: float | torch.Tensor = 1.0,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The float64 entropy of softmax(logits / T) per row; 0 where `mask` is False."""
+    lead = logits.shape[:-1]
+    tokens = torch.zeros(lead, dtype=torch.int64, device=logits.device)
+    if mask is not None:
+        tokens = tokens.masked_fill(~mask.to(torch.bool), -1)
+    return logp_entropy(logits, tokens, temperature=temperature, ignore_index=-1)[1]
 
 
 def logp_entropy_grad(
@@ -135,34 +154,109 @@ def linear_logp_entropy_grad(
     return zero[0], zero[1], (zero[2] if bias64 is not None else None)
 
 
+def linear_policy_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    tokens: torch.Tensor,
+    *,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    ref_logp: torch.Tensor | None = None,
+    rollout_logp: torch.Tensor | None = None,
+    importance_weights: torch.Tensor | None = None,
+    options: PolicyLossOptions | None = None,
+    bias: torch.Tensor | None = None,
+    temperature: float | torch.Tensor = 1.0,
+    ignore_index: int = -100,
+    softcap: float | None = None,
+    logit_scale: float = 1.0,
+    entropy_coef: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Float64 (loss, metrics, logp) of `policy_loss` on the LM head's log-probabilities.
+
+    hidden [N, H], tokens [N] and a per-row temperature [N]; old_logp, mask [B, T] with
+    B * T = N. Positions whose token is ignore_index count as masked. The loss is
+    policy_loss's minus entropy_coef times the entropy aggregated as policy_loss aggregates
+    its terms; metrics are policy_loss's, then the entropy's mean over the mask; logp is 0
+    at masked positions.
+    """
+    o = options if options is not None else PolicyLossOptions()
+    shape = old_logp.shape
+    keep = (mask != 0) & (tokens.view(shape) != ignore_index)
+    kept_tokens = torch.where(keep.reshape(-1), tokens, ignore_index)
+    logp, entropy = linear_logp_entropy(hidden, weight, kept_tokens, bias=bias,
+                                        temperature=temperature, ignore_index=ignore_index,
+                                        softcap=softcap, logit_scale=logit_scale)
+    logp2, entropy2 = logp.view(shape), entropy.view(shape)
+    loss, metrics = policy_loss(logp2, old_logp, advantages, keep, ref_logp=ref_logp,
+                                rollout_logp=rollout_logp,
+                                importance_weights=importance_weights, options=o)
+    if entropy_coef != 0.0:
+        loss = loss - entropy_coef * _aggregate(entropy2, keep, o)
+    entropy_mean = entropy2.detach()[keep].sum() / max(int(keep.sum()), 1)
+    return loss, torch.cat([metrics, entropy_mean.reshape(1)]), logp
+
+
+def _aggregate(values: torch.Tensor, keep: torch.Tensor, o: PolicyLossOptions) -> torch.Tensor:
+    """`values` [B, T] aggregated over the kept positions by the options' agg, divisor,
+    count_empty_rows and scale (docs/ops/policy_loss.md), one sequence at a time."""
+    counts = [int(row.sum()) for row in keep]
+    row_sums = [values[i][keep[i]].sum() for i in range(len(counts))]
+    if o.agg == "seq-mean-token-mean":
+        row_sums = [total / max(count, 1) for total, count in zip(row_sums, counts, strict=True)]
+    total = sum(row_sums, values.sum() * 0.0)
+    rows = len(counts) if o.count_empty_rows else sum(count > 0 for count in counts)
+    natural = {"token-mean": sum(counts), "token-sum": 1, "seq-mean-token-mean": rows,
+               "seq-mean-token-sum": rows, "seq-mean-token-sum-norm": rows * values.shape[1]}
+    divisor = o.divisor if o.divisor is not None else max(natural[o.agg], 1)
+    return o.scale * total / divisor
+
+
 def group_advantages(
     rewards: torch.Tensor,
     group_ids: torch.Tensor,
     *,
-    normalize: str = "std",
-    baseline: str = "mean",
-    eps: float = 1e-6,
+    options: GroupAdvantagesOptions | None = None,
 ) -> torch.Tensor:
     """Float64 group advantages, one group at a time.
 
-    baseline "mean": reward minus the group mean; "loo": minus the mean of the
-    other members (0 for a group of one). normalize "std": divided by the group's
-    sample std (Bessel-corrected; 0 for a group of one) plus eps. Constant groups give 0.
+    As TRL 1.16 (GRPO: r - mean, over the group's or, scale_rewards="batch", the batch's
+    std plus eps; RLOO: r - (sum - r) / (n - 1); NaN rewards left out of the statistics and
+    given 0) and verl 0.9.1 (compute_grpo_outcome_advantage / compute_rloo_outcome_advantage:
+    a group of one has mean 0 and std 1) write them. Stds are Bessel-corrected. A group
+    whose rewards are all equal gives 0; so does a group of one unless
+    singleton="reward"; a NaN reward under nan="propagate" makes its group NaN.
     """
-    values = rewards.detach().to(torch.float64)
+    o = options if options is not None else GroupAdvantagesOptions()
+    f64 = torch.float64
+    values = rewards.detach().to(f64)
+    valid = ~values.isnan() if o.nan == "ignore" else torch.ones_like(values, dtype=torch.bool)
+    kept = values[valid]
+    batch_std = kept.std() if kept.numel() > 1 else values.new_zeros(())
     out = torch.zeros_like(values)
     for group in torch.unique(group_ids):
-        members = (group_ids == group).nonzero().squeeze(1)
+        members = ((group_ids == group) & valid).nonzero().squeeze(1)
         r = values[members]
         size = r.numel()
-        if baseline == "mean":
-            adv = r - r.mean()
+        if size == 0:
+            continue
+        if bool(r.isnan().any()):  # nan="propagate"
+            out[members] = torch.nan
+            continue
+        if size == 1:
+            mean, std = values.new_zeros(()), values.new_ones(())
+            if o.singleton == "zero":
+                out[members] = 0.0
+                continue
         else:
-            adv = r - (r.sum() - r) / max(size - 1, 1) if size > 1 else torch.zeros_like(r)
-        if normalize == "std":
-            std = r.std() if size > 1 else torch.zeros((), dtype=torch.float64)
-            adv = adv / (std + eps) if bool(std > 0) or eps > 0 else torch.zeros_like(r)
-        if bool((r == r[0]).all()):
+            mean, std = r.mean(), r.std()
+        adv = r - mean if o.baseline == "mean" or size == 1 else r - (r.sum() - r) / (size - 1)
+        if o.normalize == "std":
+            adv = adv / (std + o.eps)
+        elif o.normalize == "batch-std":
+            adv = adv / (batch_std + o.eps)
+        if size > 1 and bool((r == r[0]).all()):
             adv = torch.zeros_like(r)
         out[members] = adv
     return out

@@ -5,5 +5,6 @@ the compiled extension is loaded on first kernel use (see :mod:`rlk_cuda._ext`).
 """
 
 __version__ = "0.1.0"
+BACKEND = "cuda"  # the name rlk knows this package's backend by (rlk-rocm: "rocm")
 
-__all__ = ["__version__"]
+__all__ = ["BACKEND", "__version__"]

@@ -1,4 +1,8 @@
-"""What every kernel wrapper needs before a launch: device checks, dtype codes, the stream."""
+"""What every kernel wrapper needs before a launch: device checks, dtype codes, the stream.
+
+Shared by rlk-cuda and rlk-rocm (which installs these same host modules): messages name
+the package they run in.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ def dtype_code(name: str, tensor: Tensor) -> int:
         return DTYPE_CODES[tensor.dtype]
     except KeyError:
         raise TypeError(
-            f"{name} must be float32, bfloat16 or float16 for rlk_cuda; got {tensor.dtype}"
+            f"{name} must be float32, bfloat16 or float16 for {__package__}; got {tensor.dtype}"
         ) from None
 
 
@@ -23,10 +27,11 @@ def device_of(name: str, tensor: Tensor) -> int:
     if tensor.device.type != "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError(
-                f"rlk_cuda kernels need a CUDA device and none is available ({name} is on "
+                f"{__package__} kernels need a CUDA device and none is available ({name} is on "
                 f"{tensor.device}); use another rlk backend on this machine"
             )
-        raise ValueError(f"{name} must be a CUDA tensor for rlk_cuda; got device {tensor.device}")
+        raise ValueError(f"{name} must be a CUDA tensor for {__package__}; "
+                         f"got device {tensor.device}")
     index = tensor.device.index
     return torch.cuda.current_device() if index is None else index
 

@@ -11,7 +11,7 @@ Soft-capping (rlk.lm_head's contract) adds one in-place pass over each chunk, an
 its chain rule in the backward.
 
 Vocabulary parallelism (group=): `weight` and `bias` are this rank's slice of the vocabulary.
-Both passes run on the shard with the shard-local token codes of rlk.distributed, whose helpers
+Both passes run on the shard with the shard-local token codes of rlk.backend.shards, whose helpers
 merge the forward statistics across ranks; the backward sums grad_hidden (float32) over ranks.
 """
 
@@ -22,20 +22,21 @@ import os
 
 import torch
 import torch.distributed as dist
-from rlk import distributed, lm_head
+from rlk.backend import lm_head, shards
 from torch import Tensor
 
-from rlk_cuda import _ext
-from rlk_cuda._launch import device_of, dtype_code, f32_empty, ptr, stream
-from rlk_cuda.logp import launch_backward
+from . import _ext
+from ._launch import device_of, dtype_code, f32_empty, ptr, stream
+from .logp import launch_backward
 
 Temperature = float | Tensor
-_DEFAULT_CHUNK_MB = 256
+_DEFAULT_CHUNK_MB = 768
 _ROW_ALIGN = 8  # buffer rows start on 32-byte boundaries: the kernels' 16-byte vectors fit
 
 
 def chunk_bytes() -> int:
-    """Budget of the logits buffers (RLK_CUDA_CHUNK_MB overrides the 256 MiB default)."""
+    """Budget of the linear ops' logits buffers (RLK_CUDA_CHUNK_MB overrides the 768 MiB
+    default: 1024 rows of float32 logits and their bf16 gradient at a 128k vocabulary)."""
     raw = os.environ.get("RLK_CUDA_CHUNK_MB", str(_DEFAULT_CHUNK_MB))
     value = float(raw)
     if value <= 0:
@@ -97,12 +98,12 @@ def forward(
     if group is None:
         return _shard_forward(hidden, weight, tokens, bias, temperature, ignore_index,
                               with_entropy, softcap)
-    shard = distributed.layout(weight.shape[0], group, hidden.device)
-    codes, owned = distributed.forward_tokens(tokens.to(torch.int64), shard)
+    shard = shards.layout(weight.shape[0], group, hidden.device)
+    codes, owned = shards.forward_tokens(tokens.to(torch.int64), shard)
     picked, entropy, lse = _shard_forward(
-        hidden, weight, codes, bias, temperature, distributed.KERNEL_IGNORE, with_entropy, softcap
+        hidden, weight, codes, bias, temperature, shards.KERNEL_IGNORE, with_entropy, softcap
     )
-    return distributed.merge(lse, entropy, picked, owned, tokens, shard, ignore_index, group)
+    return shards.merge(lse, entropy, picked, owned, tokens, shard, ignore_index, group)
 
 
 def _shard_forward(
@@ -123,7 +124,7 @@ def _shard_forward(
     device = hidden.device
     logp = f32_empty(num, device=device)
     entropy = f32_empty(num, device=device) if with_entropy else None
-    lse = f32_empty(num, device=device)
+    lse = torch.empty(num, dtype=torch.float64, device=device)  # what the backward kernel reads
     if num == 0:
         return logp, entropy, lse
     index = device_of("hidden", hidden)
@@ -243,7 +244,7 @@ def backward(
     """Gradients to (hidden, weight, bias), vocabulary chunk by vocabulary chunk.
 
     With `group`, `lse` and `entropy` are the merged (global) ones, so each shard's logits
-    gradient is exact on its own. Tokens become rlk.distributed.backward_tokens codes: a token
+    gradient is exact on its own. Tokens become rlk.backend.shards.backward_tokens codes: a token
     another rank owns points at the column just past the shard (core pads the logits with a
     -inf column there), so such rows get the softmax term and no one-hot term; the kernel needs
     no padding, only vocab_total = shard + 1 so that this code counts as in range.
@@ -251,9 +252,9 @@ def backward(
     device_of("hidden", hidden)  # before any collective: a CPU call fails here, on every rank
     codes, kernel_ignore, vocab_total = tokens, ignore_index, weight.shape[0]
     if group is not None:
-        shard = distributed.layout(weight.shape[0], group, hidden.device)
-        codes = distributed.backward_tokens(tokens.to(torch.int64), shard, ignore_index)
-        kernel_ignore, vocab_total = distributed.KERNEL_IGNORE, shard.local + 1
+        shard = shards.layout(weight.shape[0], group, hidden.device)
+        codes = shards.backward_tokens(tokens.to(torch.int64), shard, ignore_index)
+        kernel_ignore, vocab_total = shards.KERNEL_IGNORE, shard.local + 1
     # ignored rows have a zero logits gradient; their hidden state may be NaN (0 * NaN)
     ignored = (tokens == ignore_index).unsqueeze(1)
     grad_h, grad_w, grad_b = _shard_backward(
@@ -319,7 +320,7 @@ def _shard_backward(
     tokens = tokens.to(torch.int64).contiguous()
     g_logp = grad_logp.to(torch.float32).contiguous()
     g_ent = None if grad_entropy is None else grad_entropy.to(torch.float32).contiguous()
-    lse = lse.to(torch.float32).contiguous()
+    lse = lse.to(torch.float64).contiguous()
     entropy = None if entropy is None else entropy.to(torch.float32).contiguous()
     for start in range(0, vocab, width):
         stop = min(vocab, start + width)

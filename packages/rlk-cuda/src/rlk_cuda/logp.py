@@ -1,7 +1,8 @@
-"""logp / logp_entropy kernels: the kernel-level functions rlk's dispatcher calls.
+"""logp / logp_entropy / entropy kernels: the kernel-level functions rlk's dispatcher calls.
 
 Signatures follow docs/backends/writing-a-backend.md. Logits with a non-unit column stride are
-copied to a contiguous tensor first (any row stride is read in place).
+copied to a contiguous tensor first (any row stride is read in place). The kernels gather one
+token per row: the plugin's check declines `[M, K]` tokens, which another backend serves.
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlk_cuda import _ext, logp_path
-from rlk_cuda._launch import device_of, dtype_code, f32_empty, ptr, rows_major, same_device, stream
+from . import _ext, logp_path
+from ._launch import device_of, dtype_code, f32_empty, ptr, rows_major, same_device, stream
 
 Temperature = float | Tensor
 
@@ -33,9 +34,10 @@ def launch_forward(
     lse: Tensor | None,
     stats: Tensor | None,
 ) -> None:
-    """Run the forward kernel into caller-provided float32 outputs (None skips an output).
+    """Run the forward kernel into caller-provided outputs (None skips an output): float32,
+    but the float64 lse. `tokens` None computes statistics only (no row is skipped).
 
-    RLK_CUDA_LOGP_FORWARD picks the kernel (rlk_cuda.logp_path); the sampler's statistics pass
+    RLK_CUDA_LOGP_FORWARD picks the kernel (logp_path); the sampler's statistics pass
     comes through here too, so its logp keeps matching this forward bit for bit.
     """
     device = device_of("logits", logits)
@@ -97,7 +99,7 @@ def forward(
     device = logits.device
     logp = f32_empty(count, device=device) if out is None else out
     entropy = f32_empty(count, device=device) if with_entropy else None
-    lse = f32_empty(count, device=device)
+    lse = torch.empty(count, dtype=torch.float64, device=device)
     if count > 0:
         launch_forward(logits, tokens, temperature, ignore_index, rows, logp, entropy, lse, None)
     return logp, entropy, lse
@@ -131,6 +133,7 @@ def launch_backward(
         )
     temp, temp_value = _split(temperature, device)
     num_rows, vocab = logits.shape
+    lse = lse.to(torch.float64).contiguous()  # callers holding a float32 lse lose nothing more
     _ext.load().logp_backward(
         device,
         stream(device),
@@ -161,9 +164,15 @@ def _per_row(values: Tensor | None, rows: Tensor, num_rows: int, accumulate: boo
 
 
 def _scatter(values: Tensor, rows: Tensor, num_rows: int, accumulate: bool) -> Tensor:
-    full = torch.zeros(num_rows, dtype=torch.float32, device=values.device)
-    values = values.to(torch.float32)
-    return full.index_add_(0, rows, values) if accumulate else full.index_copy_(0, rows, values)
+    """Per-selected-row values as per-logits-row ones (zeros elsewhere). With `accumulate`
+    a repeated row gets the sum; without, repeats carry equal values (one forward row).
+    Rows outside [0, num_rows) land in a sink past the end and are dropped."""
+    sink = torch.where((rows >= 0) & (rows < num_rows), rows, num_rows)
+    dtype = torch.float64 if values.dtype == torch.float64 else torch.float32
+    full = torch.zeros(num_rows + 1, dtype=dtype, device=values.device)
+    values = values.to(dtype)
+    full = full.index_add_(0, sink, values) if accumulate else full.index_copy_(0, sink, values)
+    return full[:num_rows]
 
 
 def backward(
@@ -193,7 +202,6 @@ def backward(
         g_ent = _per_row(g_ent, rows, num_rows, True)
         lse = _scatter(lse, rows, num_rows, False)
         entropy = _per_row(entropy, rows, num_rows, False)
-    lse = lse.to(torch.float32).contiguous()
     if entropy is not None:
         entropy = entropy.to(torch.float32).contiguous()
     if g_ent is not None and entropy is None:
@@ -204,3 +212,40 @@ def backward(
             grad, unit, tokens, g_logp, g_ent, lse, entropy, temperature, ignore_index, 0, vocab
         )
     return grad
+
+
+def _entropy_tokens(logits: Tensor, mask: Tensor | None) -> tuple[Tensor | None, int]:
+    """Token codes for the logp kernels' entropy-only use, and the ignore_index they use:
+    none without a mask (statistics only), else 0 where a row counts and -1 where masked
+    (skipped: zero entropy and gradient, the row never read)."""
+    if mask is None:
+        return None, -1
+    return torch.where(mask, 0, -1), -1
+
+
+def entropy_forward(
+    logits: Tensor, temperature: Temperature, mask: Tensor | None, rows: Tensor | None,
+    out: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """Entropy of softmax(logits / T) per row through the forward kernel, without logp."""
+    count = logits.shape[0] if rows is None else rows.shape[0]
+    device = logits.device
+    entropy = f32_empty(count, device=device) if out is None else out
+    lse = torch.empty(count, dtype=torch.float64, device=device)
+    if count > 0:
+        tokens, skip = _entropy_tokens(logits, mask)
+        launch_forward(logits, tokens, temperature, skip, rows, None, entropy, lse, None)
+    return entropy, lse
+
+
+def entropy_backward(
+    grad_entropy: Tensor, logits: Tensor, temperature: Temperature, mask: Tensor | None,
+    rows: Tensor | None, lse: Tensor, entropy: Tensor, inplace: bool,
+) -> Tensor:
+    """Gradient of sum(grad_entropy * entropy) w.r.t. logits, through the logp backward."""
+    tokens, skip = _entropy_tokens(logits, mask)
+    if tokens is None:
+        tokens = torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device)
+    no_logp = torch.zeros_like(grad_entropy, dtype=torch.float32)
+    return backward(no_logp, grad_entropy, logits, tokens, temperature, skip, rows, lse, entropy,
+                    inplace)

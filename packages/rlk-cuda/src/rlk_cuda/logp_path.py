@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from rlk_cuda import _ext
+from . import _ext
 
 ENV = "RLK_CUDA_LOGP_FORWARD"
 CHOICES = ("generic", "tma")
@@ -31,7 +31,8 @@ def requested() -> str:
 def tma_unavailable(built: bool, capability: tuple[int, int]) -> str | None:
     """None when the bulk-copy forward can run on a device of `capability`, else why not."""
     if not built:
-        return "this rlk-cuda build has no sm_90a code (RLK_CUDA_ARCHITECTURES without 90a)"
+        return (f"this {__package__} build has no sm_90a code "
+                "(RLK_CUDA_ARCHITECTURES without 90a)")
     if capability != (9, 0):
         return f"it runs on sm_90 devices only; this device is sm_{capability[0]}{capability[1]}"
     return None

@@ -1,39 +1,50 @@
-"""Entry point of the `cuda` backend (group `rlk.backends`): registration only, no CUDA work."""
+"""Entry point of this package's backend (group `rlk.backends`): registration only, no GPU work.
+
+rlk-cuda and rlk-rocm install this same module: the backend is named by the package's
+`BACKEND`, its kernels are the package's own host modules and its probe the package's own.
+"""
 
 from __future__ import annotations
 
-import rlk
 import torch
-from rlk.registry import Registry
+from rlk.backend import Check, Registry, hookimpl, one_token_per_row
 
-from rlk_cuda import __version__
-from rlk_cuda.probe import probe
+from . import BACKEND, __version__
+from .probe import probe
 
-RLK_PLUGIN_API = "1.0"
-BACKEND = "cuda"
+RLK_PLUGIN_API = "1.1"
 PRIORITY = 200
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
 FLOAT32 = (torch.float32,)
+# policy_loss reads logp (its main input) in any float dtype, float64 included
+ANY_FLOAT = (*DTYPES, torch.float64)
+BATCH_INVARIANT = ("batch_invariant",)
 
-# op -> (forward target, backward target or None, properties, dtypes of the main input)
+# op -> (forward, backward or None, properties, dtypes of the main input), as
+# "module:function" inside this package.
 KERNELS: dict[str, tuple[str, str | None, tuple[str, ...], tuple[torch.dtype, ...]]] = {
-    "logp": ("rlk_cuda.logp:forward", "rlk_cuda.logp:backward", ("batch_invariant",), DTYPES),
-    "logp_entropy": (
-        "rlk_cuda.logp:forward",
-        "rlk_cuda.logp:backward",
-        ("batch_invariant",),
-        DTYPES,
-    ),
-    "sample": ("rlk_cuda.sample:sample", None, ("batch_invariant",), DTYPES),
-    "linear_logp": ("rlk_cuda.linear:forward", "rlk_cuda.linear:backward", (), DTYPES),
-    "linear_logp_entropy": ("rlk_cuda.linear:forward", "rlk_cuda.linear:backward", (), DTYPES),
-    "group_advantages": ("rlk_cuda.advantages:forward", None, (), FLOAT32),
-    "policy_loss": ("rlk_cuda.policy_loss:forward", "rlk_cuda.policy_loss:backward", (), FLOAT32),
+    "logp": ("logp:forward", "logp:backward", BATCH_INVARIANT, DTYPES),
+    "logp_entropy": ("logp:forward", "logp:backward", BATCH_INVARIANT, DTYPES),
+    "entropy": ("logp:entropy_forward", "logp:entropy_backward", BATCH_INVARIANT, DTYPES),
+    "sample": ("sample:sample", None, BATCH_INVARIANT, DTYPES),
+    "linear_logp": ("linear:forward", "linear:backward", (), DTYPES),
+    "linear_logp_entropy": ("linear:forward", "linear:backward", (), DTYPES),
+    "linear_policy_loss": ("linear_policy_loss:forward", None, (), DTYPES),
+    "group_advantages": ("advantages:forward", None, (), FLOAT32),
+    "policy_loss": ("policy_loss:forward", "policy_loss:backward", (), ANY_FLOAT),
 }
 
 
-@rlk.hookimpl
+# op -> the check of calls its kernels decline
+CHECKS: dict[str, Check] = {"logp": one_token_per_row}
+
+
+def target(name: str) -> str:
+    """A "module:function" of this package as the registry wants it: fully qualified."""
+    return f"{__package__}.{name}"
+
+
+@hookimpl
 def rlk_register(registry: Registry) -> None:
     """Declare the backend and every kernel whose op this version of rlk-core defines."""
     registry.add_backend(BACKEND, priority=PRIORITY, probe=probe, version=__version__)
@@ -43,9 +54,10 @@ def rlk_register(registry: Registry) -> None:
         registry.add_kernel(
             op,
             BACKEND,
-            forward,
-            backward=backward,
+            target(forward),
+            backward=None if backward is None else target(backward),
             devices=("cuda",),
             dtypes=dtypes,
+            check=CHECKS.get(op),
             properties=properties,
         )

@@ -1,99 +1,129 @@
 """The `policy_loss` kernels: two launches each way, float64 partial sums in a fixed order.
 
 Forward: per-sequence partial sums, then one block applies the aggregation (deterministic).
-Backward: per-sequence token counts (and GSPO slope sums), then the gradient. The math follows
+Backward: per-sequence counts and statistics, then the gradient. Every input is read in its
+own dtype (no conversion launches); the gradient is written in logp's dtype. The math follows
 rlk.native.policy_loss; masked tokens are never used, so NaN or inf there is harmless.
 """
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import torch
-from rlk.ops.policy_loss import AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS
+from rlk.backend import AGGREGATIONS, METRICS, OBJECTIVES, RATIO_LEVELS, PolicyLossOptions
 from torch import Tensor
 
-from rlk_cuda import _ext
-from rlk_cuda._launch import device_of, f32_empty, ptr, same_device, stream
+from . import _ext
+from ._launch import device_of, ptr, same_device, stream
 
-Settings = tuple[float, float, float, float, int, bool, int, float]
+# The extension's element type codes (rlk_api.h ElemType).
+ELEM_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3,
+              torch.bool: 4, torch.uint8: 4, torch.int8: 5, torch.int16: 6, torch.int32: 7,
+              torch.int64: 8}
+FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+KL_VALUES = ("k1", "k2", "k3", "abs")  # the estimator's value; a "+" takes k2's gradient
 
 
-def _index(name: str, value: str, allowed: tuple[str, ...]) -> int:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}; got {value!r}")
-    return allowed.index(value)
-
-
-def _settings(clip_low: float, clip_high: float, dual_clip: float | None, kl_coef: float,
-              kl_estimator: str, ratio_level: str, agg: str, tis_cap: float | None) -> Settings:
-    """The options as the extension takes them (0 stands for an absent dual_clip / tis_cap)."""
-    return (1.0 - clip_low, 1.0 + clip_high, 0.0 if dual_clip is None else dual_clip, kl_coef,
-            _index("kl_estimator", kl_estimator, KL_ESTIMATORS) + 1,
-            _index("ratio_level", ratio_level, RATIO_LEVELS) == 1,
-            _index("agg", agg, AGGREGATIONS), 0.0 if tis_cap is None else tis_cap)
+@functools.lru_cache(maxsize=256)
+def settings(options: PolicyLossOptions) -> Any:
+    """The options as the extension's PolicyLossSettings struct, built once per options
+    object (None becomes 0, or -inf/+inf for the log-ratio clamp; see rlk_api.h)."""
+    s = _ext.load().PolicyLossSettings()
+    s.objective = OBJECTIVES.index(options.objective)
+    s.ratio_level = RATIO_LEVELS.index(options.ratio_level)
+    s.clip_low, s.clip_high = options.clip_low, options.clip_high
+    s.dual_clip = options.dual_clip or 0.0
+    s.ratio_cap = options.ratio_cap or 0.0
+    s.log_ratio_min = -float("inf") if options.log_ratio_min is None else options.log_ratio_min
+    s.log_ratio_max = float("inf") if options.log_ratio_max is None else options.log_ratio_max
+    s.sapo_temperature_pos = options.sapo_temperature_pos
+    s.sapo_temperature_neg = options.sapo_temperature_neg
+    s.vespo_k_pos, s.vespo_lambda_pos = options.vespo_k_pos, options.vespo_lambda_pos
+    s.vespo_k_neg, s.vespo_lambda_neg = options.vespo_k_neg, options.vespo_lambda_neg
+    s.kl_coef = options.kl_coef
+    s.kl_estimator = KL_VALUES.index(options.kl_base)
+    s.kl_straight_through = options.kl_straight_through
+    s.kl_clamp = options.kl_clamp or 0.0
+    s.kl_bias_correction = options.kl_bias_correction
+    s.tis_cap = options.tis_cap or 0.0
+    s.agg = AGGREGATIONS.index(options.agg)
+    s.divisor = options.divisor or 0.0
+    s.count_empty_rows = options.count_empty_rows
+    s.scale = options.scale
+    return s
 
 
 def _operand(name: str, tensor: Tensor | None, shapes: tuple[tuple[int, ...], ...],
-             device: int) -> Tensor | None:
-    """`tensor` as contiguous float32 on `device` with one of `shapes` (None stays None)."""
+             device: int, dtypes: tuple[torch.dtype, ...] = FLOATS) -> tuple[Tensor | None, int]:
+    """`tensor` contiguous on `device` with one of `shapes`, and its element type code."""
     if tensor is None:
-        return None
-    if tensor.dtype != torch.float32:
-        raise TypeError(f"{name} must be float32 for rlk_cuda; got {tensor.dtype}")
+        return None, 0
+    if tensor.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype {', '.join(map(str, dtypes))} for {__package__}; "
+                        f"got {tensor.dtype}")
     if tuple(tensor.shape) not in shapes:
         raise ValueError(f"{name} must have shape {shapes[0]}; got {tuple(tensor.shape)}")
     same_device(name, tensor, device)
-    return tensor.contiguous()
+    return tensor.contiguous(), ELEM_TYPES[tensor.dtype]
 
 
-def _launch(inputs: tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor | None],
-            settings: Settings, *, loss: Tensor | None = None, metrics: Tensor | None = None,
+def _launch(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
+            ref_logp: Tensor | None, rollout_logp: Tensor | None,
+            importance_weights: Tensor | None, options: PolicyLossOptions, *,
+            loss: Tensor | None = None, metrics: Tensor | None = None,
             grad_loss: Tensor | None = None, grad: Tensor | None = None) -> None:
-    logp, old_logp, advantages, mask, ref_logp, rollout_logp = inputs
     device = device_of("logp", logp)
-    if grad_loss is not None:
-        same_device("grad_loss", grad_loss, device)
     if logp.dim() != 2:
         raise ValueError(f"logp must be [B, T]; got shape {tuple(logp.shape)}")
     batch, length = logp.shape
-    full = ((batch, length),)
-    tensors = [
-        _operand("logp", logp, full, device),
-        _operand("old_logp", old_logp, full, device),
-        _operand("advantages", advantages, ((batch,), (batch, length)), device),
-        _operand("mask", mask, full, device),
-        _operand("ref_logp", ref_logp, full, device),
-        _operand("rollout_logp", rollout_logp, full, device),
-    ]
+    full, per_row = ((batch, length),), ((batch,), (batch, length))
+    tensors = {
+        "logp": _operand("logp", logp, full, device),
+        "old_logp": _operand("old_logp", old_logp, full, device),
+        "advantages": _operand("advantages", advantages, per_row, device),
+        "mask": _operand("mask", mask, full, device, tuple(ELEM_TYPES)),
+        "ref_logp": _operand("ref_logp", ref_logp, full, device),
+        "rollout_logp": _operand("rollout_logp", rollout_logp, full, device),
+        "importance_weights": _operand("importance_weights", importance_weights, per_row,
+                                       device),
+    }
+    pointers: dict[str, int] = {}
+    for name, (tensor, code) in tensors.items():
+        pointers[name], pointers[f"{name}_type"] = ptr(tensor), code
     ext = _ext.load()
     rows = torch.empty(batch, ext.POLICY_LOSS_ROW_STATS, dtype=torch.float64,
                        device=logp.device)
-    ext.policy_loss(grad is not None, device, stream(device), *(ptr(t) for t in tensors),
-                    batch, length, advantages.dim() == 2, *settings, ptr(rows), ptr(loss),
-                    ptr(metrics), ptr(grad_loss), ptr(grad))
+    ext.policy_loss(backward=grad is not None, device=device, stream=stream(device), **pointers,
+                    B=batch, T=length, adv_per_token=advantages.dim() == 2,
+                    weights_per_token=importance_weights is not None
+                    and importance_weights.dim() == 2,
+                    settings=settings(options), rows=ptr(rows), loss=ptr(loss),
+                    metrics=ptr(metrics), grad_loss=ptr(grad_loss), grad=ptr(grad))
 
 
 def forward(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
-            ref_logp: Tensor | None, rollout_logp: Tensor | None, *, clip_low: float,
-            clip_high: float, dual_clip: float | None, kl_coef: float, kl_estimator: str,
-            ratio_level: str, agg: str, tis_cap: float | None) -> tuple[Tensor, Tensor]:
-    """The aggregated loss (0-d) and metrics [clip_fraction, mean_ratio, mean_kl, truncated]."""
-    settings = _settings(clip_low, clip_high, dual_clip, kl_coef, kl_estimator, ratio_level,
-                         agg, tis_cap)
-    loss, metrics = f32_empty(device=logp.device), f32_empty(4, device=logp.device)
-    _launch((logp, old_logp, advantages, mask, ref_logp, rollout_logp), settings, loss=loss,
-            metrics=metrics)
+            ref_logp: Tensor | None, rollout_logp: Tensor | None,
+            importance_weights: Tensor | None,
+            options: PolicyLossOptions) -> tuple[Tensor, Tensor]:
+    """The aggregated loss (0-d float32) and metrics (float32, in METRICS order)."""
+    # two allocations, not views of one: an op's outputs must not alias each other
+    loss = torch.empty((), dtype=torch.float32, device=logp.device)
+    metrics = torch.empty(len(METRICS), dtype=torch.float32, device=logp.device)
+    _launch(logp, old_logp, advantages, mask, ref_logp, rollout_logp, importance_weights,
+            options, loss=loss, metrics=metrics)
     return loss, metrics
 
 
 def backward(grad_loss: Tensor, logp: Tensor, old_logp: Tensor, advantages: Tensor,
-             mask: Tensor, ref_logp: Tensor | None, rollout_logp: Tensor | None, *,
-             clip_low: float, clip_high: float, dual_clip: float | None, kl_coef: float,
-             kl_estimator: str, ratio_level: str, agg: str, tis_cap: float | None) -> Tensor:
-    """d(loss * grad_loss) / d logp, [B, T] float32 (zero at masked tokens)."""
-    settings = _settings(clip_low, clip_high, dual_clip, kl_coef, kl_estimator, ratio_level,
-                         agg, tis_cap)
+             mask: Tensor, ref_logp: Tensor | None, rollout_logp: Tensor | None,
+             importance_weights: Tensor | None, options: PolicyLossOptions) -> Tensor:
+    """d(loss * grad_loss) / d logp, [B, T] in logp's dtype (zero at masked tokens)."""
+    device = device_of("logp", logp)
+    same_device("grad_loss", grad_loss, device)
     upstream = grad_loss.to(torch.float32).reshape(())
-    grad = f32_empty(*logp.shape, device=logp.device)
-    _launch((logp, old_logp, advantages, mask, ref_logp, rollout_logp), settings,
-            grad_loss=upstream, grad=grad)
+    grad = torch.empty(logp.shape, dtype=logp.dtype, device=logp.device)
+    _launch(logp, old_logp, advantages, mask, ref_logp, rollout_logp, importance_weights,
+            options, grad_loss=upstream, grad=grad)
     return grad

@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlk_cuda import _ext
-from rlk_cuda._launch import device_of, dtype_code, f32_empty, ptr, rows_major, same_device, stream
-from rlk_cuda.logp import launch_forward
+from . import _ext
+from ._launch import device_of, dtype_code, f32_empty, ptr, rows_major, same_device, stream
+from .logp import launch_forward
 
 
 def sample(

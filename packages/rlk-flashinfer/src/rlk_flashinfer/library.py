@@ -55,6 +55,15 @@ def version_reason(version: str | None) -> str | None:
 
 def load_sampling() -> ModuleType:
     """Import `flashinfer.sampling` on first use, refusing an unsupported version clearly."""
+    return _load_submodule("sampling")
+
+
+def load_topk() -> ModuleType:
+    """Import `flashinfer.topk` (radix top-k) on first use, refusing an unsupported version."""
+    return _load_submodule("topk")
+
+
+def _load_submodule(name: str) -> ModuleType:
     try:
         package = importlib.import_module(MODULE)
     except ImportError as exc:
@@ -65,4 +74,4 @@ def load_sampling() -> ModuleType:
     reason = version_reason(getattr(package, "__version__", None) or installed_version())
     if reason is not None:
         raise RuntimeError(reason)
-    return importlib.import_module(f"{MODULE}.sampling")
+    return importlib.import_module(f"{MODULE}.{name}")

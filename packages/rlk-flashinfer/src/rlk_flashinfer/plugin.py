@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import torch
 
-import rlk
-from rlk.registry import Registry
+from rlk.backend import Registry, hookimpl
 from rlk_flashinfer import __version__
 from rlk_flashinfer.probe import probe
 
-RLK_PLUGIN_API = "1.0"
+RLK_PLUGIN_API = "1.1"
 PRIORITY = 150
 
 
-@rlk.hookimpl
+@hookimpl
 def rlk_register(registry: Registry) -> None:
     registry.add_backend("flashinfer", priority=PRIORITY, probe=probe, version=__version__)
     # No batch_invariant claim: FlashInfer's softmax splits the vocabulary across blocks

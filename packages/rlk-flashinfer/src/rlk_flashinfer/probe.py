@@ -48,15 +48,22 @@ def device_reason(device: torch.device) -> str | None:
     return None
 
 
+# FlashInfer's JIT modules the backend calls: the samplers' renormalisations and the top-k.
+MODULES = ("sampling", "topk")
+
+
 def compiler_reason(env: Mapping[str, str], version: str) -> str | None:
-    """None when FlashInfer's sampling module is prebuilt or nvcc is where FlashInfer looks."""
-    if prebuilt_sampling_module(env, version) is not None:
+    """None when FlashInfer's modules are prebuilt or nvcc is where FlashInfer looks."""
+    missing = [name for name in MODULES if prebuilt_module(env, version, name) is None]
+    if not missing:
         return None
     if env.get("FLASHINFER_DISABLE_JIT"):
-        return "FLASHINFER_DISABLE_JIT is set and no prebuilt FlashInfer sampling module was found"
+        return (f"FLASHINFER_DISABLE_JIT is set and no prebuilt FlashInfer {missing[0]} module "
+                "was found")
     nvcc, looked = find_nvcc(env)
     if nvcc is None:
-        return f"flashinfer would JIT-compile its sampling kernels but nvcc is not found ({looked})"
+        return (f"flashinfer would JIT-compile its {' and '.join(missing)} kernels but nvcc is "
+                f"not found ({looked})")
     return None
 
 
@@ -85,19 +92,19 @@ def find_nvcc(env: Mapping[str, str]) -> tuple[Path | None, str]:
     return None, f"looked in CUDA_HOME (unset), CUDA_PATH (unset), PATH, {default.parent}"
 
 
-def prebuilt_sampling_module(env: Mapping[str, str], version: str) -> Path | None:
-    """A compiled `sampling` module FlashInfer would load instead of compiling, if any.
+def prebuilt_module(env: Mapping[str, str], version: str, name: str) -> Path | None:
+    """A compiled module `name` FlashInfer would load instead of compiling, if any.
 
     A JIT-cache hit is accepted for any GPU architecture: the cache directory is named
     by architecture, and reading the device's would initialise CUDA.
     """
     for root in _prebuilt_roots():
-        hits = sorted(root.rglob("sampling/sampling.so"))
+        hits = sorted(root.rglob(f"{name}/{name}.so"))
         if hits:
             return hits[0]
     base = Path(env.get("FLASHINFER_WORKSPACE_BASE") or Path.home())
     cache = base / ".cache" / "flashinfer" / version
-    hits = sorted(cache.glob("*/cached_ops/sampling/sampling.so")) if version else []
+    hits = sorted(cache.glob(f"*/cached_ops/{name}/{name}.so")) if version else []
     return hits[0] if hits else None
 
 

@@ -1,64 +1,40 @@
-"""Mapping rlk's per-row int64 seeds onto FlashInfer's Philox (seed, subsequence, offset).
+"""Per-row uniforms from rlk's int64 row seeds, computed on the device with no host sync.
 
-FlashInfer's sampling kernels draw a row's random numbers from Philox with one
-`seed` for the whole launch (0.6.x reads only element 0 of a seed tensor), the
-row's position in the launch (`blockIdx.x`) as the subsequence, and one `offset`.
-Passing all rows at once would make a row's draw depend on where it sits in the
-batch. So each rlk seed is split into a Philox key (its high 58 bits) and a slot
-(its low 6 bits), and the row is placed at position `slot` of a launch whose seed is
-`key`, through FlashInfer's `indices` argument (the other positions repeat one of
-the launch's rows and their draws are discarded). The offset is always 0. A row's
-draw is then a function of its seed alone; seeds differing in any bit use disjoint
-Philox streams. Rows whose seeds share a key share a launch; rows with identical
-seeds go to separate launches (they must sit at the same position).
+FlashInfer's samplers cannot key a row's random numbers by that row's seed alone. In 0.6.x
+every sampling kernel reads element 0 of a seed (and offset) tensor, whatever its length;
+from 0.7 each row reads its own seed, but the Philox subsequence is still the row's position
+in the launch (`curand_init(seed, blockIdx.x, offset)`). Either way a row's draw would move
+with the batch around it. So the backend draws with its own uniforms: the first outputs of
+splitmix64 seeded with the row's seed (64-bit arithmetic that wraps in int64 tensors), which
+depend on that seed alone, for any seeds, in one pass over the batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import torch
+from torch import Tensor
 
-SLOT_BITS = 6
-SLOTS = 1 << SLOT_BITS
-_U64 = (1 << 64) - 1
-
-
-@dataclass(frozen=True)
-class Launch:
-    """One FlashInfer sampling call: its Philox seed and where each row sits."""
-
-    key: int
-    rows: tuple[int, ...]
-    slots: tuple[int, ...]
-
-    @property
-    def size(self) -> int:
-        """Launch batch size: the highest occupied position plus one."""
-        return max(self.slots) + 1
-
-    def indices(self) -> list[int]:
-        """FlashInfer's `indices`: position -> row; free positions repeat the first row."""
-        layout = [self.rows[0]] * self.size
-        for row, slot in zip(self.rows, self.slots, strict=True):
-            layout[slot] = row
-        return layout
+_GAMMA = 0x9E3779B97F4A7C15
+_MULTIPLIERS = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 
 
-def split_seed(seed: int) -> tuple[int, int]:
-    """(Philox key, slot) of an int64 seed, read as its unsigned 64-bit pattern."""
-    pattern = seed & _U64
-    return pattern >> SLOT_BITS, pattern & (SLOTS - 1)
+def _int64(value: int) -> int:
+    """The int64 with the same 64-bit pattern as the unsigned `value`."""
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def plan_launches(seeds: Sequence[int]) -> list[Launch]:
-    """Group rows (by position in `seeds`) into the fewest launches the mapping allows."""
-    taken: dict[tuple[int, int], int] = {}
-    groups: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
-    for row, seed in enumerate(seeds):
-        key, slot = split_seed(int(seed))
-        round_ = taken.get((key, slot), 0)
-        taken[(key, slot)] = round_ + 1
-        rows, slots = groups.setdefault((key, round_), ([], []))
-        rows.append(row)
-        slots.append(slot)
-    return [Launch(key, tuple(rows), tuple(slots)) for (key, _), (rows, slots) in groups.items()]
+def _shift_right(z: Tensor, bits: int) -> Tensor:
+    """Logical right shift of int64 patterns (torch's >> is arithmetic)."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _finalise(z: Tensor) -> Tensor:
+    z = (z ^ _shift_right(z, 30)) * _int64(_MULTIPLIERS[0])
+    z = (z ^ _shift_right(z, 27)) * _int64(_MULTIPLIERS[1])
+    return z ^ _shift_right(z, 31)
+
+
+def uniforms(seeds: Tensor, count: int) -> Tensor:
+    """[B, count] float64 uniforms in [0, 1): outputs 1..count of splitmix64 from each seed."""
+    steps = torch.arange(1, count + 1, dtype=torch.int64, device=seeds.device) * _int64(_GAMMA)
+    return _shift_right(_finalise(seeds[:, None] + steps), 11).double() * 2.0**-53

@@ -1,7 +1,8 @@
 """Pre-warm FlashInfer's sampling kernels: `python -m rlk_flashinfer.warmup [--device cuda:0]`.
 
-The first call compiles FlashInfer's sampling module with nvcc (no prebuilt module) and
-loads it; running this once per machine (or image build) moves that cost out of training.
+The first call compiles FlashInfer's sampling and top-k modules with nvcc (no prebuilt
+module) and loads them; running this once per machine (or image build) moves that cost out
+of training.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ def warmup(device: str | torch.device = "cuda") -> float:
     """Run every FlashInfer kernel the backend uses on a tiny batch; return the seconds taken."""
     target = torch.device(device)
     began = time.perf_counter()
-    logits = torch.randn(2, 256, device=target)
+    peaked = torch.randn(2, 2048, device=target) * 3  # served from the shortlist (top-k)
+    flat = torch.zeros(2, 2048, device=target)  # every filter keeps it all: full vocabulary
     seeds = torch.tensor([1, 2], dtype=torch.int64)
-    sample(logits, 0.7, 16, 0.9, 0.05, seeds)
+    for logits in (peaked, flat):
+        sample(logits, 0.7, 16, 0.9, 0.05, seeds)
     torch.cuda.synchronize(target)
     return time.perf_counter() - began
 

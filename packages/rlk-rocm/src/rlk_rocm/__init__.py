@@ -5,5 +5,6 @@ AMD GPU; the compiled extension is loaded on first kernel use (see :mod:`rlk_roc
 """
 
 __version__ = "0.1.0"
+BACKEND = "rocm"  # the name rlk knows this package's backend by
 
-__all__ = ["__version__"]
+__all__ = ["BACKEND", "__version__"]

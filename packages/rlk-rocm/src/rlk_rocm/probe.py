@@ -72,7 +72,7 @@ def probe(device: torch.device) -> str | None:
         return "rlk-rocm has no compiled kernels here (a source tree, not an installed build)"
     reason = arch_reason(_ext.architectures(), index)
     if reason is None:
-        reason = hip_mismatch(_ext.hip_version(), str(runtime))
+        reason = hip_mismatch(_ext.toolkit_version(), str(runtime))
     if reason is None and (error := _ext.import_error()) is not None:
         reason = f"extension failed to import: {error}"
     return reason

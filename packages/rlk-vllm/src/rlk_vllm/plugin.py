@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import torch
 
-import rlk
-from rlk.registry import Registry
+from rlk.backend import Registry, hookimpl
 from rlk_vllm._vllm import vllm_available
 
-RLK_PLUGIN_API = "1.0"
+RLK_PLUGIN_API = "1.1"
 PRIORITY = 50
 DEVICES = ("cpu", "cuda")
 
@@ -27,7 +26,7 @@ def probe(device: torch.device) -> str | None:
     return None
 
 
-@rlk.hookimpl
+@hookimpl
 def rlk_register(registry: Registry) -> None:
     from rlk_vllm import __version__
 

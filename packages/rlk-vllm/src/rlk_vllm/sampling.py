@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from rlk.ops.sample import drawn_logp
+from rlk.backend import drawn_logp
 from rlk_vllm._vllm import require_vllm
 
 _UINT64 = (1 << 64) - 1

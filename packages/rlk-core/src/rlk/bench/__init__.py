@@ -17,7 +17,7 @@ __all__ = ["Options", "Report", "Row", "run"]
 
 def run(options: Options) -> Report:
     """Run the suite and write its files; never raises for one bad row."""
-    from rlk.bench import ceilings, metadata, plots, progress, report, runner, workloads
+    from rlk.bench import ceilings, findings, metadata, plots, progress, report, runner, workloads
 
     chosen = workloads.select(options.workloads)
     groups = runner.plan(chosen, options)
@@ -29,12 +29,15 @@ def run(options: Options) -> Report:
         if group.case.label not in labels:
             labels.append(group.case.label)
     meta["shapes"] = shapes
-    limits = ceilings.measure(options.device, dtype, options.smoke)
+    meta["dtypes"] = [str(d).replace("torch.", "") for d in options.sweep_dtypes]
+    gemm_dtypes = list(dict.fromkeys([dtype, *options.sweep_dtypes]))  # the run's first
+    limits = ceilings.measure(options.device, gemm_dtypes, options.smoke)
     bar = progress.Progress(sum(len(g.impls) for g in groups))
     try:
         rows = list(runner.Runner(options, limits, bar).run(groups))
     finally:
         bar.close()
+    findings.flag(rows)
     result = report.Report(meta, limits, rows)
     written, note = plots.write(rows, options.output_dir)
     result.files.update(written)

@@ -1,13 +1,15 @@
 """The machine's own ceilings, measured at the start of every run.
 
 Copy bandwidth counts bytes read plus bytes written of a device-to-device copy far
-larger than any cache; the GEMM rate is a square matrix product in the run's dtype
-(bf16 on GPU by default). Rows are placed against these, not against a datasheet.
+larger than any cache; the GEMM rate is a square matrix product in each dtype of the
+sweep, so that a float32 row is held to float32's rate, not bfloat16's. Rows are placed
+against these, not against a datasheet.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,14 +22,17 @@ MIB = 1 << 20
 class Ceilings:
     copy_gbps: float
     copy_bytes: int
-    gemm_tflops: float
+    gemm_tflops: float  # in gemm_dtype, the run's first dtype
     gemm_size: int
     gemm_dtype: str
+    gemm_tflops_by_dtype: dict[str, float] = field(default_factory=dict)
 
-    def roofline_ms(self, moved: float, flops: float) -> tuple[float, str]:
-        """Least time for that work on this machine, and which ceiling binds."""
+    def roofline_ms(self, moved: float, flops: float, dtype: str = "") -> tuple[float, str]:
+        """Least time for that work on this machine (FLOPs at `dtype`'s GEMM rate where it
+        was measured), and which ceiling binds."""
+        rate = self.gemm_tflops_by_dtype.get(dtype, self.gemm_tflops)
         memory_ms = moved / (self.copy_gbps * 1e9) * 1e3
-        compute_ms = flops / (self.gemm_tflops * 1e12) * 1e3
+        compute_ms = flops / (rate * 1e12) * 1e3
         return (compute_ms, "compute") if compute_ms > memory_ms else (memory_ms, "memory")
 
 
@@ -47,15 +52,19 @@ def _gemm_tflops(n: int, dtype: torch.dtype, device: torch.device,
     return 2 * n**3 / (gemm.median_ms * 1e-3) / 1e12
 
 
-def measure(device: torch.device, dtype: torch.dtype, smoke: bool) -> Ceilings:
+def measure(device: torch.device, dtypes: Sequence[torch.dtype], smoke: bool) -> Ceilings:
+    """Copy bandwidth, and the GEMM rate in each of `dtypes` (the first is the headline)."""
     gpu = device.type == "cuda"
     size = (64 if smoke else 1024) * MIB if gpu else (16 if smoke else 256) * MIB
     n = (2048 if smoke else 8192) if gpu else (256 if smoke else 1024)
     budget = timing.SMOKE if smoke else timing.FULL
+    rates = {str(d).replace("torch.", ""): _gemm_tflops(n, d, device, budget) for d in dtypes}
+    first = str(dtypes[0]).replace("torch.", "")
     return Ceilings(
         copy_gbps=_copy_gbps(size, device, budget),
         copy_bytes=size,
-        gemm_tflops=_gemm_tflops(n, dtype, device, budget),
+        gemm_tflops=rates[first],
         gemm_size=n,
-        gemm_dtype=str(dtype).replace("torch.", ""),
+        gemm_dtype=first,
+        gemm_tflops_by_dtype=rates,
     )

@@ -16,7 +16,7 @@ import torch
 
 from rlk.bench.workload import Blocked
 
-PEERS = ("eager", "compile", "liger", "cce", "flashinfer")
+PEERS = ("eager", "compile", "unfused", "liger", "cce", "flashinfer")
 DISTRIBUTIONS = {
     "liger": "liger-kernel",
     "cce": "cut-cross-entropy",
@@ -25,6 +25,7 @@ DISTRIBUTIONS = {
 DESCRIPTIONS = {
     "eager": "PyTorch eager, the way RL trainers write it (upcast, log_softmax, gather)",
     "compile": "the same PyTorch code under torch.compile (default mode, static shapes)",
+    "unfused": "rlk's own ops composed instead of fused (rlk.linear_logp + rlk.policy_loss)",
     "liger": "Liger-Kernel (cross entropy, fused linear cross entropy; reduction='none')",
     "cce": "Cut Cross-Entropy linear_cross_entropy (reduction='none', default filter_eps)",
     "flashinfer": "FlashInfer top_k_top_p_sampling_from_logits (tokens only)",

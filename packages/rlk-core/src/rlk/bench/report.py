@@ -10,12 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlk.bench import findings
 from rlk.bench.ceilings import Ceilings
 from rlk.bench.row import STATUSES, Row
 
 SCHEMA_VERSION = 1
 GIB = float(1 << 30)
-CSV_FIELDS = [f.name for f in dataclasses.fields(Row) if f.name not in ("dims", "errors")]
+LISTED = ("dims", "errors", "findings")  # written as text in the CSV's last columns
+CSV_FIELDS = [f.name for f in dataclasses.fields(Row) if f.name not in LISTED]
 
 
 @dataclass
@@ -35,6 +37,7 @@ class Report:
             "metadata": self.metadata,
             "ceilings": dataclasses.asdict(self.ceilings),
             "counts": self.counts(),
+            "findings": findings.lines(self.rows),
             "notes": self.notes,
             "files": self.files,
             "rows": [_clean(dataclasses.asdict(r)) for r in self.rows],
@@ -58,12 +61,13 @@ def write_json(report: Report, path: Path) -> None:
 
 def write_csv(report: Report, path: Path) -> None:
     with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=[*CSV_FIELDS, "dims", "errors"])
+        writer = csv.DictWriter(handle, fieldnames=[*CSV_FIELDS, *LISTED])
         writer.writeheader()
         for row in report.rows:
             record = {name: getattr(row, name) for name in CSV_FIELDS}
             record["dims"] = " ".join(f"{k}={v}" for k, v in row.dims.items())
             record["errors"] = " ".join(f"{k}={v:.3g}" for k, v in row.errors.items())
+            record["findings"] = "; ".join(row.findings)
             writer.writerow(record)
 
 
@@ -92,11 +96,20 @@ def markdown_table(rows: list[Row]) -> str:
     lines = [header, "|" + " --- |" * 11]
     for r in rows:
         pct = "-" if r.roofline_pct is None else f"{r.roofline_pct:.0f}% ({r.bound})"
-        note = r.reason if r.status != "pass" else r.note
+        note = r.reason if r.status != "pass" else "; ".join(
+            [*(f"finding: {f}" for f in r.findings), *([r.note] if r.note else [])])
         lines.append(f"| {r.workload} | {r.mode} | {r.case} | {r.dtype} | {r.impl} | {r.status} "
                      f"| {_num(r.time_ms)} | {_memory(r)} | {pct} | {_error(r)} "
                      f"| {note.replace('|', '/')} |")
     return "\n".join(lines)
+
+
+def findings_section(rows: list[Row]) -> str:
+    """The findings as a Markdown list under a heading (what the console summary prints)."""
+    found = findings.lines(rows)
+    head = (f"## Findings: {len(found)} (rlk rows below {findings.ROOFLINE_FLOOR_PCT:.0f}% "
+            "of their roofline or slower than a peer)")
+    return "\n".join([head, "", *(f"- {line}" for line in found)]) if found else head + "\n\nnone"
 
 
 def markdown(report: Report) -> str:
@@ -111,14 +124,18 @@ def markdown(report: Report) -> str:
         + (f", capability {device['capability']}, driver {device.get('driver')}"
            if device["type"] == "cuda" else "") + ")",
         f"- python {meta['python']}, torch {meta['torch']}, CUDA {meta['cuda']}, rlk {meta['rlk']}",
-        f"- dtype: {meta['dtype']} (a shape naming its own dtype overrides it)",
+        f"- dtypes: {', '.join(meta.get('dtypes', [meta['dtype']]))} (a shape naming its own "
+        "dtype overrides them)",
         f"- ceilings measured in this run: copy {ceil.copy_gbps:.0f} GB/s (read + write), "
-        f"{ceil.gemm_dtype} GEMM {ceil.gemm_tflops:.1f} TFLOP/s ({ceil.gemm_size}^3)",
+        "GEMM " + ", ".join(f"{d} {r:.1f}" for d, r in
+                            (ceil.gemm_tflops_by_dtype or {ceil.gemm_dtype: ceil.gemm_tflops}
+                             ).items())
+        + f" TFLOP/s ({ceil.gemm_size}^3)",
         "- statuses: " + ", ".join(f"{k} {v}" for k, v in report.counts().items()),
         "",
     ]
     lines += [f"> {note}" for note in report.notes]
-    lines += ["", markdown_table(report.rows), ""]
+    lines += ["", findings_section(report.rows), "", markdown_table(report.rows), ""]
     return "\n".join(lines)
 
 

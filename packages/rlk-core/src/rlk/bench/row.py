@@ -37,3 +37,4 @@ class Row:
     errors: dict[str, float] = field(default_factory=dict)
     checked: str = ""
     note: str = ""
+    findings: list[str] = field(default_factory=list)  # see rlk.bench.findings

@@ -49,6 +49,7 @@ class Group:
     workload: Workload
     mode: str
     case: Case
+    dtype: torch.dtype
     impls: tuple[Impl, ...]
 
 
@@ -92,7 +93,9 @@ def plan(workloads: list[Workload], options: Options) -> list[Group]:
     for workload in workloads:
         impls = tuple(impls_for(workload, options))
         cases = workload.smoke_cases if options.smoke else workload.cases
-        groups += [Group(workload, mode, case, impls) for mode in workload.modes for case in cases]
+        groups += [Group(workload, mode, case, dtype, impls) for mode in workload.modes
+                   for case in cases
+                   for dtype in ([case.dtype] if case.dtype else options.sweep_dtypes)]
     return groups
 
 
@@ -154,7 +157,7 @@ class Runner:
 
     def _group(self, group: Group) -> Iterator[Row]:
         backward = group.mode == FORWARD_BACKWARD
-        dtype = group.case.dtype or self.options.run_dtype
+        dtype = group.dtype
         buffers: list[Inputs] = []
         failed: tuple[str, str] | None = None
         try:
@@ -207,7 +210,8 @@ class Runner:
 
     def _blank(self, group: Group, impl: Impl, dtype: torch.dtype) -> Row:
         cost = group.workload.cost(group.case, dtype, group.mode == FORWARD_BACKWARD)
-        roofline, bound = self.ceilings.roofline_ms(cost.bytes, cost.flops)
+        roofline, bound = self.ceilings.roofline_ms(cost.bytes, cost.flops,
+                                                    str(dtype).replace("torch.", ""))
         return Row(workload=group.workload.name, op=group.workload.op, mode=group.mode,
                    case=group.case.label, dims=dict(group.case.dims),
                    dtype=str(dtype).replace("torch.", ""), device=str(self.device),

@@ -26,7 +26,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--peers", default=None,
                         help=f"comma-separated, default all: {','.join(PEERS)}; '' for none")
     parser.add_argument("--dtype", default=None,
-                        help="bfloat16 | float16 | float32 (default bf16 on GPU, fp32 on CPU)")
+                        help="comma-separated bfloat16, float16, float32 (default: all three "
+                             "on GPU, float32 on CPU and under --smoke)")
     parser.add_argument("--device", default=None,
                         help="cpu, cuda or cuda:N (default: cuda when torch sees one)")
     parser.add_argument("--output-dir", type=Path, default=Path("bench-results"),
@@ -53,7 +54,7 @@ def command_line(args: argparse.Namespace) -> list[str]:
 
 
 def options_from(args: argparse.Namespace) -> Any:
-    from rlk.bench.options import Options, parse_dtype, parse_list
+    from rlk.bench.options import Options, parse_dtypes, parse_list
 
     extra = {}
     if args.device is not None:
@@ -67,7 +68,7 @@ def options_from(args: argparse.Namespace) -> Any:
         workloads=parse_list(args.workloads),
         backends=listed(args.backends),
         peers=listed(args.peers),
-        dtype=None if args.dtype is None else parse_dtype(args.dtype),
+        dtypes=None if args.dtype is None else parse_dtypes(args.dtype),
         output_dir=args.output_dir,
         smoke=args.smoke,
         summary=not args.no_summary,
@@ -80,12 +81,14 @@ def options_from(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     """Exit 0 when every row ran (pass or blocked), 1 when a row failed or ran out of memory."""
     from rlk.bench import run as run_suite
-    from rlk.bench.report import markdown_table
+    from rlk.bench.report import findings_section, markdown_table
 
     options = options_from(args)
     result = run_suite(options)
     if options.summary:
         print(markdown_table(result.rows))
+        print()
+        print(findings_section(result.rows))
     counts = ", ".join(f"{k} {v}" for k, v in result.counts().items())
     print(f"rlk-core bench: {counts}; reports in {options.output_dir}", file=sys.stderr)
     for note in result.notes:

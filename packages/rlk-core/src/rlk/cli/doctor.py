@@ -10,8 +10,9 @@ from typing import Any
 import torch
 
 from rlk.cli import environment, findings, matrix, smoke
-from rlk.dispatch import get_dispatcher
-from rlk.introspect import backends
+from rlk.config import env_names
+from rlk.dispatch import Dispatcher, get_dispatcher
+from rlk.introspect import backend_records
 
 SCHEMA_VERSION = 1
 
@@ -27,16 +28,19 @@ def devices(only: int | None) -> list[torch.device]:
 
 def build_report(device_index: int | None = None, run_smoke: bool = False) -> dict[str, Any]:
     dispatcher = get_dispatcher()
-    dispatcher.loader.ensure_loaded()
+    dispatcher.loader.load()  # never the strict-mode error: the doctor reports failures
     targets = devices(device_index)
     report: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "environment": environment.collect(),
         "plugins": [dataclasses.asdict(r) for r in dispatcher.loader.records],
+        "controls": unknown_names(dispatcher),
     }
-    report["backends"] = [dataclasses.asdict(b) for b in backends(targets[-1])]
+    report["backends"] = [dataclasses.asdict(b) for b in backend_records(dispatcher,
+                                                                          targets[-1])]
     report["probes"] = {
-        backend.name: {str(d): backend.probe_device(d) for d in targets}
+        backend.name: {str(d): dataclasses.asdict(dispatcher.registry.probe(backend.name, d))
+                       for d in targets}
         for backend in dispatcher.registry.backends.values()
     }
     report["matrix"] = {str(d): matrix.device_matrix(d) for d in targets}
@@ -44,6 +48,15 @@ def build_report(device_index: int | None = None, run_smoke: bool = False) -> di
         report["smoke"] = [row for d in targets for row in smoke.run(d)]
     report["findings"] = findings.derive(report)
     return report
+
+
+def unknown_names(dispatcher: Dispatcher) -> list[str]:
+    """Names in RLK_PLUGINS, RLK_DISABLE_PLUGINS and RLK_BACKENDS that match nothing here."""
+    found = dispatcher.loader.unknown_filters()
+    for name in env_names("RLK_BACKENDS"):
+        if name not in dispatcher.registry.backends:
+            found.append(f"RLK_BACKENDS names '{name}', which is {dispatcher.missing(name)}")
+    return found
 
 
 def render(report: dict[str, Any]) -> str:
@@ -66,14 +79,17 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"  {backend['name']:15} {backend['status']:12} priority "
                      f"{backend['priority']}  {backend['reason']}")
         for device, verdict in report["probes"].get(backend["name"], {}).items():
-            lines.append(f"      {device:10} {'ok' if verdict is None else verdict}")
+            said = "ok" if verdict["reason"] is None else verdict["reason"]
+            lines.append(f"      {device:10} {'probe failed: ' if verdict['failed'] else ''}{said}")
     for device, table in report["matrix"].items():
         lines += ["", f"Ops on {device} (* = selected)"]
         for op, row in table.items():
             chosen = row["selected"] or "NONE"
-            lines.append(f"  {op:20} * {chosen} [{row['dtype']}]")
+            via = "".join(f" (runs {used} on {table[used]['selected'] or 'NONE'})"
+                          for used in row["uses"] if used in table)
+            lines.append(f"  {op:24} * {chosen} [{row['dtype']}]{via}")
             for name, why in row["rejected"].items():
-                lines.append(f"  {'':20}   {name}: {why}")
+                lines.append(f"  {'':24}   {name}: {why}")
     if "smoke" in report:
         lines += ["", "Smoke tests"]
         for row in report["smoke"]:

@@ -4,55 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from rlk import config
+from rlk.cli.devices import available
 from rlk.dispatch import current_policy, get_dispatcher
 from rlk.ops import specs
-
-Builder = Callable[[list[int], torch.dtype], tuple[tuple[Any, ...], dict[str, Any]]]
-META = torch.device("meta")
-
-
-def _logits_tokens(shape: list[int], dtype: torch.dtype):
-    logits = torch.empty(shape, dtype=dtype, device=META)
-    return (logits, torch.empty(shape[:-1], dtype=torch.int64, device=META)), {}
-
-
-def _linear(shape: list[int], dtype: torch.dtype):
-    if len(shape) != 3:
-        raise ValueError(f"linear_logp takes --shape N,H,V; got {shape}")
-    n, h, v = shape
-    hidden = torch.empty(n, h, dtype=dtype, device=META)
-    weight = torch.empty(v, h, dtype=dtype, device=META)
-    return (hidden, weight, torch.empty(n, dtype=torch.int64, device=META)), {}
-
-
-def _policy(shape: list[int], dtype: torch.dtype):
-    if len(shape) != 2:
-        raise ValueError(f"policy_loss takes --shape B,T; got {shape}")
-    logp = torch.empty(shape, dtype=dtype, device=META)
-    return (logp, logp, torch.empty(shape[0], device=META), logp), {}
-
-
-def _rewards(shape: list[int], dtype: torch.dtype):
-    if len(shape) != 1:
-        raise ValueError(f"group_advantages takes --shape N; got {shape}")
-    return (torch.empty(shape, dtype=dtype, device=META),), {"group_size": 1}
-
-
-BUILDERS: dict[str, Builder] = {
-    "logp": _logits_tokens,
-    "logp_entropy": _logits_tokens,
-    "linear_logp": _linear,
-    "linear_logp_entropy": _linear,
-    "policy_loss": _policy,
-    "group_advantages": _rewards,
-    "sample": lambda shape, dtype: ((torch.empty(shape, dtype=dtype, device=META),), {}),
-}
 
 
 def explain_shape(op: str, shape: list[int], dtype: torch.dtype,
@@ -62,7 +21,12 @@ def explain_shape(op: str, shape: list[int], dtype: torch.dtype,
     if op not in known:
         raise ValueError(f"unknown op {op!r}; rlk defines {sorted(known)}")
     spec = known[op]
-    args, kwargs = BUILDERS[op](shape, dtype)
+    if spec.shape_call is None:
+        raise ValueError(f"{op} cannot be explained from a shape")
+    try:
+        args, kwargs = spec.shape_call(shape, dtype)
+    except ValueError as exc:
+        raise ValueError(f"{op} {exc}") from None
     previous = config.checking_inputs()
     config.check_inputs(False)  # range checks would read the (absent) data
     try:
@@ -75,15 +39,14 @@ def explain_shape(op: str, shape: list[int], dtype: torch.dtype,
     return {"op": op, "doc": spec.doc, "device": str(device),
             "dtype": str(dtype).replace("torch.", ""),
             "shape": shape, "backend": selection.backend, "kernel": selection.kernel_name,
-            "rejected": dict(selection.rejected)}
+            "uses": list(selection.uses), "rejected": dict(selection.rejected)}
 
 
 def add_parser(subparsers: Any) -> None:
+    shapes = "; ".join(f"{name} {spec.shape_help}" for name, spec in specs().items())
     parser = subparsers.add_parser("explain", help="which backend would serve a call, and why")
     parser.add_argument("op", help="op name, e.g. logp")
-    parser.add_argument("--shape", required=True,
-                        help="comma-separated sizes: logits N,V; linear_logp N,H,V; "
-                             "policy_loss B,T; group_advantages N; sample B,V")
+    parser.add_argument("--shape", required=True, help=f"comma-separated sizes: {shapes}")
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     parser.add_argument("--json", action="store_true")
@@ -95,18 +58,22 @@ def run(args: argparse.Namespace) -> int:
         shape = [int(part) for part in args.shape.replace("x", ",").split(",") if part]
     except ValueError:
         raise ValueError(f"--shape must be comma-separated integers, got {args.shape!r}") from None
+    if any(size < 0 for size in shape):
+        raise ValueError(f"--shape sizes must be >= 0, got {args.shape!r}")
     dtype = getattr(torch, args.dtype, None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"--dtype must name a torch dtype, got {args.dtype!r}")
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    result = explain_shape(args.op, shape, dtype, device)
+    result = explain_shape(args.op, shape, dtype, available(args.device))
     if args.json:
         print(json.dumps(result, indent=2))
-        return 0
+        return 0 if result["backend"] else 1
     print(f"{result['op']}: {result['doc']}")
     kernel = f" ({result['kernel']})" if result["kernel"] else ""
     print(f"{result['op']} on {result['device']} [{result['dtype']}, shape {shape}]: "
           f"{result['backend'] or 'NO BACKEND'}{kernel}")
+    for used in result["uses"]:
+        print(f"  it dispatches '{used}' itself: `rlk-core explain {used} ...` says which "
+              "backend runs that")
     for name, why in result["rejected"].items():
         print(f"  {name}: {why}")
     return 0 if result["backend"] else 1

@@ -21,12 +21,29 @@ def derive(report: dict[str, Any]) -> list[dict[str, str]]:
                 f"plugin '{plugin['name']}' ({plugin['distribution']} {plugin['version']}) "
                 f"failed: {plugin['error']}",
                 "reinstall it, or block it with RLK_DISABLE_PLUGINS=" + plugin["name"]))
+        elif plugin["status"] == "duplicate":
+            found.append(_finding(
+                "plugin-duplicate", WARNING,
+                f"entry point '{plugin['name']}' ({plugin['distribution']}) {plugin['error']}; "
+                "it was loaded once", "remove the extra entry point from the distribution"))
+    for message in report["controls"]:
+        found.append(_finding("unknown-name", WARNING, message,
+                              "fix the name: a control that names nothing does nothing"))
     for backend in report["backends"]:
         if backend["status"] == "failed" and backend["priority"] is not None:
             found.append(_finding(
                 "backend-broken", ERROR,
                 f"backend '{backend['name']}' is registered but broken: {backend['reason']}",
-                f"reinstall {backend['distribution'] or backend['name']}"))
+                f"reinstall {backend['distribution'] or backend['name']}, or block it with "
+                f"RLK_DISABLE_PLUGINS={backend['plugin']}"))
+    for name, verdicts in report["probes"].items():
+        for device, verdict in verdicts.items():
+            if verdict["failed"]:
+                found.append(_finding(
+                    "probe-failed", ERROR,
+                    f"the probe of backend '{name}' fails on {device}: {verdict['reason']}",
+                    "a probe returns None or a reason and never raises: fix or report the "
+                    "backend's plugin"))
     nvidia = [g for g in env["gpus"] if g.get("vendor") == "nvidia"]
     if nvidia and env["torch_cuda"] is None:
         found.append(_finding(
@@ -54,8 +71,14 @@ def derive(report: dict[str, Any]) -> list[dict[str, str]]:
             "cannot JIT-compile", "install the CUDA toolkit or set CUDA_HOME"))
     for row in report.get("smoke", []):
         if row["status"] != "pass":
+            culprit = row["raised_by"] or row["backend"]
+            where = f" (raised by backend '{culprit}')" if culprit != row["backend"] else ""
+            hint = "report it with `rlk-core doctor --json`"
+            if row["plugin"] and culprit != "native":
+                hint = (f"run without backend '{culprit}': RLK_DISABLE_PLUGINS={row['plugin']}, "
+                        "or report it to its authors")
             found.append(_finding(
                 "smoke-failed", ERROR,
-                f"smoke test of '{row['op']}' on {row['backend']} ({row['device']}) failed: "
-                f"{row['detail']}", "report it with `rlk-core doctor --json`"))
+                f"smoke test of '{row['op']}' on {row['backend']} ({row['device']}) failed"
+                f"{where}: {row['detail']}", hint))
     return found

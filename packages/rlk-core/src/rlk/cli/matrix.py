@@ -34,6 +34,7 @@ def device_matrix(device: torch.device) -> dict[str, dict[str, Any]]:
             "dtype": str(dtype).replace("torch.", ""),
             "selected": selection.backend,
             "kernel": selection.kernel_name,
+            "uses": list(selection.uses),
             "rejected": dict(selection.rejected),
         }
     return table

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 DEFAULT_CHUNK_BYTES = 256 * 2**20
@@ -12,10 +13,13 @@ def chunk_bytes() -> int:
     raw = os.environ.get("RLK_NATIVE_CHUNK_MB")
     if raw is None:
         return DEFAULT_CHUNK_BYTES
-    megabytes = float(raw)
-    if megabytes <= 0:
-        raise ValueError(f"RLK_NATIVE_CHUNK_MB must be > 0, got {raw!r}")
-    return int(megabytes * 2**20)
+    try:
+        megabytes = float(raw)
+    except ValueError:
+        megabytes = math.nan
+    if not 0 < megabytes < math.inf:
+        raise ValueError(f"RLK_NATIVE_CHUNK_MB must be a finite number of MiB > 0, got {raw!r}")
+    return max(1, int(megabytes * 2**20))
 
 
 def rows_per_chunk(width: int, live_copies: int) -> int:

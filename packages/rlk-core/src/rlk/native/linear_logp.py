@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rlk import distributed, lm_head
+from rlk import lm_head, shards
 from rlk.native.chunks import rows_per_chunk
 from rlk.ops.temperature import Temperature
 
@@ -65,15 +65,17 @@ def forward(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
             group: dist.ProcessGroup | None,
             softcap: float | None) -> tuple[Tensor, Tensor | None, Tensor]:
     rows = hidden.shape[0]
-    shard = None if group is None else distributed.layout(weight.shape[0], group, hidden.device)
+    shard = None if group is None else shards.layout(weight.shape[0], group, hidden.device)
     owned = None
     codes, kernel_ignore = tokens, ignore_index
     if shard is not None:
-        codes, owned = distributed.forward_tokens(tokens, shard)
-        kernel_ignore = distributed.KERNEL_IGNORE
+        codes, owned = shards.forward_tokens(tokens, shard)
+        kernel_ignore = shards.KERNEL_IGNORE
     options: dict[str, Any] = {"dtype": torch.float32, "device": hidden.device}
-    logp, lse = torch.empty(rows, **options), torch.empty(rows, **options)
-    entropy = torch.empty(rows, **options) if with_entropy else None
+    logp, entropy = torch.empty(rows, **options), None
+    lse = torch.empty(rows, dtype=torch.float64, device=hidden.device)  # the logp kernels'
+    if with_entropy:
+        entropy = torch.empty(rows, **options)
     operand = lm_head.gemm_weight(weight)
     temperature = lm_head.kernel_temperature(temperature, softcap)
     kernel = None
@@ -90,7 +92,7 @@ def forward(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
             entropy[start:stop] = part_entropy
     if shard is None or group is None or owned is None:
         return logp, entropy, lse
-    return distributed.merge(lse, entropy, logp, owned, tokens, shard, ignore_index, group)
+    return shards.merge(lse, entropy, logp, owned, tokens, shard, ignore_index, group)
 
 
 def backward(grad_logp: Tensor, grad_entropy: Tensor | None, hidden: Tensor, weight: Tensor,
@@ -104,9 +106,9 @@ def backward(grad_logp: Tensor, grad_entropy: Tensor | None, hidden: Tensor, wei
     sharded = group is not None
     codes, kernel_ignore = tokens, ignore_index
     if group is not None:
-        shard = distributed.layout(vocab, group, hidden.device)
-        codes = distributed.backward_tokens(tokens, shard, ignore_index)
-        kernel_ignore = distributed.KERNEL_IGNORE
+        shard = shards.layout(vocab, group, hidden.device)
+        codes = shards.backward_tokens(tokens, shard, ignore_index)
+        kernel_ignore = shards.KERNEL_IGNORE
     # a sharded hidden gradient is summed over ranks: keep it in float32 until then
     hidden_dtype = torch.float32 if sharded else hidden.dtype
     grad_hidden = torch.empty(hidden.shape, dtype=hidden_dtype, device=hidden.device) \

@@ -1,14 +1,18 @@
-"""Registers the native backend through the same hook every plugin uses."""
+"""Registers the native backend through the same hook every plugin uses.
+
+Each op's spec names its native kernel (`OpSpec.native`), so a new op registers here
+without an edit to this file.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from rlk.ops.validate import FLOATS
-from rlk.plugins import PLUGIN_API_VERSION, hookimpl
-from rlk.registry import Registry
+from rlk.backend import API_VERSION, Registry, hookimpl
+from rlk.ops import specs
+from rlk.version import __version__
 
-RLK_PLUGIN_API = PLUGIN_API_VERSION
+RLK_PLUGIN_API = API_VERSION
 _EVERY_DEVICE = ("cpu", "cuda", "xpu", "mps", "meta")
 
 
@@ -23,21 +27,9 @@ def probe(device: torch.device) -> str | None:
 
 @hookimpl
 def rlk_register(registry: Registry) -> None:
-    from rlk import __version__
-
     registry.add_backend("native", priority=0, probe=probe, version=__version__)
-    for op in ("logp", "logp_entropy"):
-        registry.add_kernel(op, "native", "rlk.native.logp:forward",
-                            backward="rlk.native.logp:backward",
-                            devices=_EVERY_DEVICE, dtypes=FLOATS)
-    for op in ("linear_logp", "linear_logp_entropy"):
-        registry.add_kernel(op, "native", "rlk.native.linear_logp:forward",
-                            backward="rlk.native.linear_logp:backward",
-                            devices=_EVERY_DEVICE, dtypes=FLOATS)
-    registry.add_kernel("group_advantages", "native", "rlk.native.advantages:forward",
-                        devices=_EVERY_DEVICE, dtypes=(torch.float32,))
-    registry.add_kernel("policy_loss", "native", "rlk.native.policy_loss:forward",
-                        backward="rlk.native.policy_loss:backward",
-                        devices=_EVERY_DEVICE, dtypes=(*FLOATS, torch.float64))
-    registry.add_kernel("sample", "native", "rlk.native.sample:sample",
-                        devices=_EVERY_DEVICE, dtypes=FLOATS)
+    for spec in specs().values():
+        if spec.native is not None and spec.name in registry.known_ops:
+            registry.add_kernel(spec.name, "native", spec.native.forward,
+                                backward=spec.native.backward, devices=_EVERY_DEVICE,
+                                dtypes=spec.dtypes, uses=spec.native.uses)

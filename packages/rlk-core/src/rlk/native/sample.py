@@ -92,8 +92,9 @@ def sample(logits: Tensor, temperature: float, top_k: int, top_p: float, min_p: 
         if temperature == 0.0:
             chosen = x.argmax(dim=1)
             kept_lse = x.gather(1, chosen.unsqueeze(1)).squeeze(1)  # a point mass
-        else:
-            x.div_(temperature)
+        else:  # shifted by the row's max first: x / T alone overflows for tiny T
+            top = x.amax(dim=1, keepdim=True)
+            x.sub_(torch.where(torch.isfinite(top), top, 0.0)).div_(temperature)
             keep = _keep(x, top_k, top_p, min_p)
             if keep is not None:
                 x.masked_fill_(~keep, -torch.inf)

@@ -12,12 +12,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlk import config, distributed, reference
+from rlk import config, reference, shards
 from rlk.ops import head, validate
 from rlk.ops import temperature as temperatures
-from rlk.ops.spec import GradCase, OpSpec, Sample, Tolerance, register_autograd
+from rlk.ops.contract import BoundKernel, Out
+from rlk.ops.spec import GradCase, NativeKernel, OpSpec, Sample, Tolerance, register_autograd
 from rlk.ops.temperature import Temperature
-from rlk.registry import Kernel
 
 # ---------------------------------------------------------------------------
 # argument checking: public arguments -> kernel-level arguments
@@ -32,10 +32,10 @@ def _prepare(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None
     validate.shape("tokens", tokens, prepared.lead, " (the leading dimensions of hidden)")
     validate.same_device("tokens", tokens, hidden, "hidden")
     validate.integer("ignore_index", ignore_index)
-    distributed.group_name(group)
+    shards.group_name(group)
     flat_tokens = tokens.reshape(-1).to(torch.int64)
     if config.checking_inputs():
-        _check_ranges(flat_tokens, weight, ignore_index, prepared.temperature, group)
+        _check_ranges(flat_tokens, weight, ignore_index, group)
     args = {
         "hidden": prepared.hidden,
         "weight": prepared.weight,
@@ -49,14 +49,12 @@ def _prepare(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None
     return args, prepared.lead
 
 
-def _check_ranges(tokens: Tensor, weight: Tensor, ignore_index: int, temperature: Temperature,
-                  group: Any) -> None:
+def _check_ranges(tokens: Tensor, weight: Tensor, ignore_index: int, group: Any) -> None:
     """The opt-in checks that need a device sync (RLK_CHECK_INPUTS=1)."""
     total = weight.shape[0]
     if group is not None:
-        total = distributed.layout(weight.shape[0], group, weight.device).total
-    distributed.check_tokens(tokens, total, ignore_index)
-    temperatures.check_range(temperature)
+        total = shards.layout(weight.shape[0], group, weight.device).total
+    shards.check_tokens(tokens, total, ignore_index)
 
 
 def _flags(args: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -80,7 +78,7 @@ def _kernel_args(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | 
         "temperature": temperatures.join(temperature, value),
         "ignore_index": ignore_index,
         "with_entropy": with_entropy,
-        "group": distributed.resolve(group),
+        "group": shards.resolve_group(group),
         "softcap": softcap,
     }
 
@@ -91,6 +89,8 @@ def _spec_for(with_entropy: bool) -> OpSpec:
 
 # ---------------------------------------------------------------------------
 # torch operators: what torch.compile and autograd see
+
+_LSE = torch.float64  # the saved log-sum-exp, as the logp kernels write and read it
 
 
 @torch.library.custom_op("rlk::linear_logp", mutates_args=())
@@ -143,13 +143,16 @@ def _linear_logp_backward_op(
 @_linear_logp_op.register_fake
 def _(hidden, weight, tokens, bias, temperature, temperature_value, ignore_index, group,
       softcap):
-    return tuple(hidden.new_empty(hidden.shape[0], dtype=torch.float32) for _ in range(2))
+    rows = hidden.shape[0]
+    return hidden.new_empty(rows, dtype=torch.float32), hidden.new_empty(rows, dtype=_LSE)
 
 
 @_linear_logp_entropy_op.register_fake
 def _(hidden, weight, tokens, bias, temperature, temperature_value, ignore_index, group,
       softcap):
-    return tuple(hidden.new_empty(hidden.shape[0], dtype=torch.float32) for _ in range(3))
+    rows = hidden.shape[0]
+    logp, entropy = (hidden.new_empty(rows, dtype=torch.float32) for _ in range(2))
+    return logp, entropy, hidden.new_empty(rows, dtype=_LSE)
 
 
 @_linear_logp_backward_op.register_fake
@@ -202,7 +205,7 @@ register_autograd(_linear_logp_entropy_op, _logp_entropy_grad, _setup)
 def _op_args(args: Mapping[str, Any]) -> tuple[Any, ...]:
     temp, value = temperatures.split(args["temperature"])
     return (args["hidden"], args["weight"], args["tokens"], args["bias"], temp, value,
-            args["ignore_index"], distributed.group_name(args["group"]), args["softcap"])
+            args["ignore_index"], shards.group_name(args["group"]), args["softcap"])
 
 
 def linear_logp(
@@ -350,7 +353,8 @@ def _outputs(result: Any, args: Mapping[str, Any]) -> tuple[Tensor, ...]:
     return (logp, entropy) if args["with_entropy"] else (logp,)
 
 
-def _grad_check(kernel: Kernel, args: dict[str, Any], gen: torch.Generator) -> Iterator[GradCase]:
+def _grad_check(kernel: BoundKernel, args: dict[str, Any],
+                gen: torch.Generator) -> Iterator[GradCase]:
     """The kernel's backward to hidden, weight and bias against float64 autograd."""
     rows = args["hidden"].shape[0]
     device = args["hidden"].device
@@ -394,6 +398,34 @@ def _batch_slice(args: dict[str, Any], start: int, stop: int) -> dict[str, Any] 
                 temperature=temperature)
 
 
+def _output_meta(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
+                 temperature: Temperature, ignore_index: int, with_entropy: bool, group: Any,
+                 softcap: float | None) -> tuple[Out | None, ...]:
+    row = Out((hidden.shape[0],), torch.float32, hidden.device)
+    return row, (row if with_entropy else None), Out((hidden.shape[0],), _LSE, hidden.device)
+
+
+def _grad_meta(grad_logp: Tensor, grad_entropy: Tensor | None, hidden: Tensor, weight: Tensor,
+               tokens: Tensor, bias: Tensor | None, temperature: Temperature, ignore_index: int,
+               group: Any, lse: Tensor, entropy: Tensor | None,
+               needs_input_grad: tuple[bool, bool, bool], *_: Any) -> tuple[Out | None, ...]:
+    inputs = (hidden, weight, bias)
+    return tuple(
+        Out(tuple(value.shape), value.dtype, value.device) if need and value is not None
+        else None
+        for value, need in zip(inputs, needs_input_grad, strict=True)
+    )
+
+
+def _shape_call(shape: Any, dtype: torch.dtype) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if len(shape) != 3:
+        raise ValueError(f"takes --shape N,H,V; got {shape}")
+    n, h, v = shape
+    hidden = torch.empty(n, h, dtype=dtype, device="meta")
+    weight = torch.empty(v, h, dtype=dtype, device="meta")
+    return (hidden, weight, torch.empty(n, dtype=torch.int64, device="meta")), {}
+
+
 # Logits are float32 whatever the inputs' dtype (products of bf16/fp16 values are exact in
 # float32): only float32 accumulation separates a kernel from the float64 reference.
 _TOLERANCES = {dtype: Tolerance(atol=2e-5, rtol=1e-5) for dtype in validate.FLOATS}
@@ -422,10 +454,15 @@ def _spec(name: str, with_entropy: bool, doc: str) -> OpSpec:
         grad_tolerances=_GRAD_TOLERANCES,
         batch_slice=_batch_slice,
         doc=doc,
+        native=NativeKernel("rlk.native.linear_logp:forward", "rlk.native.linear_logp:backward",
+                            uses=("logp_entropy" if with_entropy else "logp",)),
+        output_meta=_output_meta,
+        grad_meta=_grad_meta,
+        shape_call=_shape_call,
+        shape_help="N,H,V",
     )
 
 
 LINEAR_LOGP = _spec("linear_logp", False, "logp of hidden @ weight.T + bias, chunked")
 LINEAR_LOGP_ENTROPY = _spec("linear_logp_entropy", True,
                             "linear_logp plus the entropy, chunked")
-SPECS = (LINEAR_LOGP, LINEAR_LOGP_ENTROPY)

@@ -1,86 +1,93 @@
-"""`logp` and `logp_entropy`: log-probabilities and entropy of tokens under softmax(logits / T)."""
+"""`logp` and `logp_entropy`: log-probabilities of tokens under softmax(logits / T), and the
+entropy of that softmax."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from rlk import config, reference
+from rlk import reference
+from rlk.ops import logits_args, validate
 from rlk.ops import temperature as temperatures
-from rlk.ops import validate
-from rlk.ops.spec import OpSpec, Sample, Tolerance, register_autograd
+from rlk.ops.contract import Out
+from rlk.ops.spec import NativeKernel, OpSpec, Sample, Tolerance, register_autograd
 from rlk.ops.temperature import Temperature
 
 # ---------------------------------------------------------------------------
 # argument checking: public arguments -> kernel-level arguments
 
 
-def _prepare(
-    logits: Tensor,
-    tokens: Tensor,
-    temperature: Temperature,
-    ignore_index: int,
-    rows: Tensor | None,
-) -> tuple[dict[str, Any], tuple[int, ...]]:
-    """Validate public arguments; return flattened kernel arguments and the output shape."""
-    validate.tensor("logits", logits, validate.FLOATS)
+def _tokens_per_row(tokens: Tensor, lead: tuple[int, ...], with_entropy: bool) -> int | None:
+    """None when `tokens` holds one token per row (the leading shape of logits), else K
+    for `[..., K]` (K tokens per row, gathered by `logp` only)."""
+    shape = tuple(tokens.shape)
+    if shape == lead:
+        return None
+    if not with_entropy and shape[:-1] == lead and len(shape) == len(lead) + 1:
+        return shape[-1]
+    gathers = "" if with_entropy else f" or {(*lead, 'K')} (K tokens per row)"
+    raise ValueError(f"tokens must have shape {lead} (the leading dimensions of logits)"
+                     f"{gathers}; got {shape}")
+
+
+def _prepare(logits: Tensor, tokens: Tensor, temperature: object, ignore_index: object,
+             mask: Tensor | None, rows: Tensor | None,
+             with_entropy: bool) -> tuple[dict[str, Any], tuple[int, ...]]:
+    """Validate public arguments; return the kernel arguments and the output shape."""
+    flat_logits, lead = logits_args.logits_rows(logits)
     validate.tensor("tokens", tokens, validate.INDICES)
-    if logits.dim() < 1 or logits.shape[-1] < 1:
-        raise ValueError(f"logits must be [..., V] with V >= 1; got shape {tuple(logits.shape)}")
-    lead = tuple(logits.shape[:-1])
-    validate.shape("tokens", tokens, lead, " (the leading dimensions of logits)")
     validate.same_device("tokens", tokens, logits, "logits")
-    validate.integer("ignore_index", ignore_index)
-    vocab = logits.shape[-1]
-    flat_logits = logits.reshape(-1, vocab)
-    flat_tokens = tokens.reshape(-1).to(torch.int64)
+    per_row = _tokens_per_row(tokens, lead, with_entropy)
+    ignore = validate.integer("ignore_index", ignore_index)
+    keep = logits_args.keep_mask(mask, tuple(tokens.shape), logits, "the shape of tokens")
+    num_rows = flat_logits.shape[0]
+    # K = 1 gathers as one token per row, which every backend serves
+    columns = () if per_row in (None, 1) else (per_row,)
+    flat_tokens = tokens.to(torch.int64).reshape(num_rows, *columns)
+    if keep is not None:
+        flat_tokens = flat_tokens.masked_fill(~keep.reshape(flat_tokens.shape), ignore)
     temp = temperatures.prepare(temperature, lead, logits, "logits")
-    out_shape = lead
-    if rows is not None:
-        validate.tensor("rows", rows, (torch.int64,))
-        if rows.dim() != 1:
-            raise ValueError(f"rows must be a 1-D int64 tensor; got shape {tuple(rows.shape)}")
-        validate.same_device("rows", rows, logits, "logits")
-        out_shape = (rows.shape[0],)
+    rows = logits_args.rows_arg(rows, logits)
+    selected = lead if rows is None else (rows.shape[0],)
+    out_shape = selected if per_row is None else (*selected, per_row)
+    if validate.value_checks(logits, tokens, rows):
+        _check_ranges(flat_tokens.reshape(tokens.shape), flat_logits.shape[1], ignore)
+        logits_args.check_rows_range(rows, num_rows)
     args = {
         "logits": flat_logits,
         "tokens": flat_tokens,
         "temperature": temp,
-        "ignore_index": ignore_index,
+        "ignore_index": ignore,
         "rows": rows,
+        "out": None,
+        "with_entropy": with_entropy,
     }
-    if config.checking_inputs():
-        _check_ranges(tokens, vocab, ignore_index, temperature, rows, flat_logits.shape[0])
     return args, out_shape
 
 
-def _check_ranges(tokens: Tensor, vocab: int, ignore_index: int, temperature: Temperature,
-                  rows: Tensor | None, num_rows: int) -> None:
-    """The opt-in checks that need a device sync (RLK_CHECK_INPUTS=1)."""
+def _check_ranges(tokens: Tensor, vocab: int, ignore_index: int) -> None:
+    """The opt-in check of token ids (RLK_CHECK_INPUTS=1); masked tokens are ignored."""
     bad = ((tokens < 0) | (tokens >= vocab)) & (tokens != ignore_index)
     allowed = f"[0, {vocab}) and is not ignore_index={ignore_index}"
     validate.first_bad("tokens", bad, tokens, allowed)
-    temperatures.check_range(temperature)
-    if rows is not None:
-        validate.first_bad("rows", (rows < 0) | (rows >= num_rows), rows, f"[0, {num_rows})")
-        if rows.unique().numel() != rows.numel():
-            raise ValueError("rows must not repeat an index (each row's gradient is written once)")
 
 
-def _check_out(out: Tensor, shape: tuple[int, ...], logits: Tensor, name: str = "out") -> Tensor:
-    validate.tensor(name, out, (torch.float32,))
-    validate.shape(name, out, shape)
-    validate.same_device(name, out, logits, "logits")
-    if not out.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (kernels write it as a flat array)")
-    if torch.is_grad_enabled() and logits.requires_grad:
-        raise RuntimeError(
-            f"{name}= does not support autograd; call without {name}= to differentiate"
-        )
-    return out.view(-1)
+def one_token_per_row(tokens: Tensor, **_: object) -> str | None:
+    """A `check` for logp kernels that gather one token per row: declines `[M, K]` tokens
+    (`logp(tokens=[..., K])`), which then fall back to a backend that gathers K."""
+    if tokens.dim() == 2:
+        return "gathers one token per row; [M, K] tokens (K per row) need another backend"
+    return None
+
+
+def _kernel_shape(args: Mapping[str, Any]) -> tuple[int, ...]:
+    rows = args["rows"]
+    count = args["logits"].shape[0] if rows is None else rows.shape[0]
+    return (count, *args["tokens"].shape[1:])
 
 
 def _flags(args: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -89,6 +96,7 @@ def _flags(args: Mapping[str, Any]) -> tuple[Any, ...]:
         args.get("rows") is not None,
         args.get("out") is not None,
         isinstance(args["temperature"], Tensor),
+        args["tokens"].dim() == 2,
     )
 
 
@@ -169,20 +177,37 @@ def _logp_backward_op(grad_logp: Tensor, grad_entropy: Tensor | None, logits: Te
     )
 
 
-def _out_rows(logits: Tensor, rows: Tensor | None) -> int:
-    return logits.shape[0] if rows is None else rows.shape[0]
+def _output_meta(logits: Tensor, tokens: Tensor, temperature: Temperature, ignore_index: int,
+                 rows: Tensor | None, out: Tensor | None,
+                 with_entropy: bool) -> tuple[Out | None, ...]:
+    """What a forward kernel returns: logp [R] ([R, K]) and entropy [R] in the compute
+    dtype, lse [R] in float64 (the fakes are built from this too)."""
+    count = logits.shape[0] if rows is None else rows.shape[0]
+    dtype = logits_args.compute_dtype(logits)
+    return (Out((count, *tokens.shape[1:]), dtype, logits.device),
+            Out((count,), dtype, logits.device) if with_entropy else None,
+            Out((count,), torch.float64, logits.device))
+
+
+def _grad_meta(grad_logp: Tensor, grad_entropy: Tensor | None, logits: Tensor,
+               *_: Any) -> tuple[Out | None, ...]:
+    return (Out(tuple(logits.shape), logits.dtype, logits.device),)
+
+
+def _fake_outputs(logits: Tensor, tokens: Tensor, rows: Tensor | None,
+                  with_entropy: bool) -> tuple[Tensor, ...]:
+    outputs = _output_meta(logits, tokens, 1.0, 0, rows, None, with_entropy)
+    return tuple(logits.new_empty(o.shape, dtype=o.dtype) for o in outputs if o is not None)
 
 
 @_logp_op.register_fake
 def _(logits, tokens, temperature, temperature_value, ignore_index, rows):
-    n = _out_rows(logits, rows)
-    return logits.new_empty(n, dtype=torch.float32), logits.new_empty(n, dtype=torch.float32)
+    return _fake_outputs(logits, tokens, rows, False)
 
 
 @_logp_entropy_op.register_fake
 def _(logits, tokens, temperature, temperature_value, ignore_index, rows):
-    n = _out_rows(logits, rows)
-    return tuple(logits.new_empty(n, dtype=torch.float32) for _ in range(3))
+    return _fake_outputs(logits, tokens, rows, True)
 
 
 @_logp_out_op.register_fake
@@ -227,31 +252,48 @@ register_autograd(_logp_entropy_op, _logp_entropy_grad, _setup)
 # public functions
 
 
+def _inputs(logits: Tensor, tokens: Tensor, temperature: object, mask: Tensor | None,
+            rows: Tensor | None) -> dict[str, Tensor | None]:
+    """The caller's tensors an `out=` must not share memory with."""
+    return {"logits": logits, "tokens": tokens, "mask": mask, "rows": rows,
+            "temperature": temperature if isinstance(temperature, Tensor) else None}
+
+
 def logp(
     logits: Tensor,
     tokens: Tensor,
     *,
     temperature: Temperature = 1.0,
     ignore_index: int = -100,
+    mask: Tensor | None = None,
     rows: Tensor | None = None,
     out: Tensor | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Tensor:
-    """log softmax(logits / temperature) at `tokens`, in float32, differentiable w.r.t. logits.
+    """log softmax(logits / temperature) at `tokens`, differentiable w.r.t. logits.
 
-    logits `[..., V]` (float32/bfloat16/float16), tokens `[...]` (int32/int64);
-    temperature a float or a tensor with one value per row; `rows` (int64) computes
-    only those flat rows (output `[len(rows)]`); `out` receives the result. Tokens
-    equal to `ignore_index` give 0; tokens outside `[0, V)` give NaN.
+    logits `[..., V]` (float32/bfloat16/float16/float64); tokens `[...]` (one per row) or
+    `[..., K]` (K per row), int32/int64; temperature a number, a 0-d tensor or one value
+    per row; `mask` (tokens' shape, nonzero = counts) and `ignore_index` give 0 where
+    they exclude a token; `rows` (int64) computes only those flat rows; `out` receives
+    the result; `dtype` is the result's dtype (default float32, float64 for float64
+    logits). Tokens outside `[0, V)` give NaN. See docs/ops/logp.md.
     """
-    args, shape = _prepare(logits, tokens, temperature, ignore_index, rows)
+    args, shape = _prepare(logits, tokens, temperature, ignore_index, mask, rows, False)
+    wanted = logits_args.output_dtype(dtype, logits, out)
     temp, value = temperatures.split(args["temperature"])
+    call = (args["logits"], args["tokens"], temp, value, args["ignore_index"], args["rows"])
     if out is not None:
-        flat_out = _check_out(out, shape, logits)
-        _logp_out_op(args["logits"], args["tokens"], temp, value, ignore_index, rows,
-                     flat_out, None)
-        return out
-    result, _ = _logp_op(args["logits"], args["tokens"], temp, value, ignore_index, rows)
-    return result.view(shape)
+        target = logits_args.out_arg("out", out, shape, _kernel_shape(args), logits,
+                                     _inputs(logits, tokens, temperature, mask, rows))
+        buffer = target.direct
+        if buffer is None:
+            buffer = args["logits"].new_empty(_kernel_shape(args),
+                                              dtype=logits_args.compute_dtype(logits))
+        _logp_out_op(*call, buffer, None)
+        return target.fill(buffer)
+    result, _ = _logp_op(*call)
+    return result.view(shape).to(wanted)
 
 
 def logp_entropy(
@@ -260,27 +302,40 @@ def logp_entropy(
     *,
     temperature: Temperature = 1.0,
     ignore_index: int = -100,
+    mask: Tensor | None = None,
     rows: Tensor | None = None,
     out: tuple[Tensor, Tensor] | None = None,
+    dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor]:
     """`logp` plus the entropy of softmax(logits / temperature), both differentiable.
 
-    `out`, if given, is a pair of float32 tensors receiving (logp, entropy).
+    One token per row. A row whose token is excluded (ignore_index or mask) gives logp 0
+    and entropy 0. `out`, if given, is a pair of tensors receiving (logp, entropy).
     """
-    args, shape = _prepare(logits, tokens, temperature, ignore_index, rows)
+    args, shape = _prepare(logits, tokens, temperature, ignore_index, mask, rows, True)
     temp, value = temperatures.split(args["temperature"])
+    call = (args["logits"], args["tokens"], temp, value, args["ignore_index"], args["rows"])
     if out is not None:
         if not isinstance(out, tuple) or len(out) != 2:
-            raise TypeError("out must be a (logp_out, entropy_out) pair of float32 tensors")
-        flat_logp = _check_out(out[0], shape, logits, "out[0]")
-        flat_entropy = _check_out(out[1], shape, logits, "out[1]")
-        _logp_out_op(args["logits"], args["tokens"], temp, value, ignore_index, rows,
-                     flat_logp, flat_entropy)
-        return out
-    result, entropy, _ = _logp_entropy_op(
-        args["logits"], args["tokens"], temp, value, ignore_index, rows
-    )
-    return result.view(shape), entropy.view(shape)
+            raise TypeError("out must be a (logp_out, entropy_out) pair of tensors")
+        if out[0].dtype != out[1].dtype:
+            raise TypeError(f"out[0] and out[1] must have one dtype; got {out[0].dtype} "
+                            f"and {out[1].dtype}")
+        logits_args.output_dtype(dtype, logits, out[0])
+        inputs = _inputs(logits, tokens, temperature, mask, rows)
+        kernel_shape = _kernel_shape(args)
+        first = logits_args.out_arg("out[0]", out[0], shape, kernel_shape, logits,
+                                    {**inputs, "out[1]": out[1]})
+        second = logits_args.out_arg("out[1]", out[1], shape, kernel_shape, logits, inputs)
+        compute = logits_args.compute_dtype(logits)
+        buffers = [target.direct if target.direct is not None
+                   else args["logits"].new_empty(kernel_shape, dtype=compute)
+                   for target in (first, second)]
+        _logp_out_op(*call, buffers[0], buffers[1])
+        return first.fill(buffers[0]), second.fill(buffers[1])
+    wanted = logits_args.output_dtype(dtype, logits, None)
+    result, entropy, _ = _logp_entropy_op(*call)
+    return result.view(shape).to(wanted), entropy.view(shape).to(wanted)
 
 
 # ---------------------------------------------------------------------------
@@ -288,13 +343,25 @@ def logp_entropy(
 
 
 def _random_logits(rows: int, vocab: int, dtype: torch.dtype, device: torch.device,
-                   gen: torch.Generator) -> Tensor:
-    values = torch.randn(rows, vocab, generator=gen, dtype=torch.float32) * 4.0
+                   gen: torch.Generator, scale: float = 4.0) -> Tensor:
+    values = torch.randn(rows, vocab, generator=gen, dtype=torch.float32) * scale
     return values.to(device=device, dtype=dtype)
 
 
 def _random_tokens(rows: int, vocab: int, device: torch.device, gen: torch.Generator) -> Tensor:
-    return torch.randint(0, vocab, (rows,), generator=gen).to(device)
+    return torch.randint(0, max(vocab, 1), (rows,), generator=gen).to(device)
+
+
+def dominant_logits(rows: int, vocab: int, dtype: torch.dtype, device: torch.device,
+                    gen: torch.Generator, level: float,
+                    margin: float) -> tuple[Tensor, Tensor]:
+    """Logits near `level` whose token leads the rest by about `margin`: the gradient's
+    tolerance edge, where 1 - p(token) is small against float32's spacing at level / T."""
+    values = level + torch.randn(rows, vocab, generator=gen)
+    tokens = torch.randint(0, vocab, (rows,), generator=gen)
+    lead = margin + torch.rand(rows, generator=gen)
+    values[torch.arange(rows), tokens] = values.amax(dim=1) + lead
+    return values.to(device=device, dtype=dtype), tokens.to(device)
 
 
 def _samples(with_entropy: bool):
@@ -314,6 +381,13 @@ def _samples(with_entropy: bool):
             args.update(extra)
             return Sample(name, args, check_backward)
 
+        def dominant(name: str, rows: int, vocab: int, level: float, margin: float,
+                     temperature: Temperature = 1.0) -> Sample:
+            sample = case(name, rows, vocab, temperature=temperature)
+            sample.args["logits"], sample.args["tokens"] = dominant_logits(
+                rows, vocab, dtype, device, gen, level, margin)
+            return sample
+
         yield case("small", 5, 11)
         yield case("wide-odd", 7, 1031)
         yield case("vocab-one", 3, 1)
@@ -323,6 +397,25 @@ def _samples(with_entropy: bool):
         sample.args["temperature"] = (
             torch.rand(6, generator=gen).to(device) * 1.5 + 0.25
         )
+        yield sample
+        # the gradient's tolerance edge: the token dominates and logits / T is large
+        sample = case("dominant-token-issue-19", 1, 4)
+        sample.args["logits"] = torch.tensor([[70.0, 63.0, 62.0, 60.0]], dtype=dtype,
+                                             device=device)
+        sample.args["tokens"] = torch.zeros(1, dtype=torch.int64, device=device)
+        yield sample
+        yield dominant("dominant-token", 8, 300, level=60.0, margin=9.0)
+        yield dominant("dominant-token-wide", 3, 5000, level=40.0, margin=12.0)
+        yield dominant("dominant-token-cold", 8, 64, level=2.0, margin=1.0, temperature=0.125)
+        sample = dominant("dominant-token-per-row-temperature", 6, 96, level=20.0, margin=2.0)
+        sample.args["temperature"] = torch.tensor([0.25, 0.5, 0.125, 1.0, 0.3, 0.2],
+                                                  device=device)
+        yield sample
+        # the smallest temperature: logits / T overflows float32 unless shifted first
+        yield case("tiny-temperature", 5, 40, temperature=temperatures.MIN_TEMPERATURE)
+        sample = case("invalid-temperature-rows", 6, 30, check_backward=False)
+        sample.args["temperature"] = torch.tensor([1.0, math.nan, 0.5, math.nan, 2.0, 1.0],
+                                                  device=device)
         yield sample
         sample = case("ignore-index", 8, 64)
         sample.args["tokens"][[1, 5]] = -100
@@ -346,12 +439,23 @@ def _samples(with_entropy: bool):
         sample = case("rows", 9, 77)
         sample.args["rows"] = torch.tensor([8, 0, 3, 5], device=device)
         yield sample
+        sample = case("rows-repeated", 6, 50)
+        sample.args["rows"] = torch.tensor([3, 1, 3, 5, 3], device=device)
+        yield sample
         sample = case("rows-empty", 4, 20)
         sample.args["rows"] = torch.zeros(0, dtype=torch.int64, device=device)
         yield sample
         sample = case("out", 6, 100, check_backward=False)
-        sample.args["out"] = torch.empty(6, dtype=torch.float32, device=device)
+        sample.args["out"] = torch.empty(6, dtype=logits_args.compute_dtype(
+            sample.args["logits"]), device=device)
         yield sample
+        if not with_entropy:
+            sample = case("tokens-per-row", 5, 70)
+            tokens = torch.randint(0, 70, (5, 4), generator=gen)
+            tokens[1, 2] = -100
+            tokens[3, 1] = tokens[3, 0]
+            sample.args["tokens"] = tokens.to(device)
+            yield sample
         sample = case("non-contiguous", 6, 90)
         wide = _random_logits(6, 180, dtype, device, gen)
         sample.args["logits"] = wide[:, ::2]
@@ -360,39 +464,49 @@ def _samples(with_entropy: bool):
         sample.args["logits"] = _random_logits(40, 5, dtype, device, gen).t()
         yield sample
         yield case("empty", 0, 16)
+        yield case("empty-vocab", 0, 0)
 
     return samples
 
 
 def _public_prepare(with_entropy: bool):
     def prepare(logits: Tensor, tokens: Tensor, *, temperature: Temperature = 1.0,
-                ignore_index: int = -100, rows: Tensor | None = None,
-                out: Tensor | tuple[Tensor, Tensor] | None = None) -> dict[str, Any]:
-        args, _ = _prepare(logits, tokens, temperature, ignore_index, rows)
+                ignore_index: int = -100, mask: Tensor | None = None,
+                rows: Tensor | None = None,
+                out: Tensor | tuple[Tensor, Tensor] | None = None,
+                dtype: torch.dtype | None = None) -> dict[str, Any]:
+        args, _ = _prepare(logits, tokens, temperature, ignore_index, mask, rows, with_entropy)
         first = out[0] if isinstance(out, tuple) else out
-        args["out"] = None if first is None else first.view(-1)
-        args["with_entropy"] = with_entropy
+        if first is not None and first.dtype == logits_args.compute_dtype(logits):
+            args["out"] = first.reshape(_kernel_shape(args))
         return args
 
     return prepare
 
 
-def _selected(args: Mapping[str, Any]) -> tuple[Tensor, Tensor, Temperature]:
-    """Logits, tokens and temperature of the rows the call computes (all, or `rows`)."""
-    logits, tokens, temperature = args["logits"], args["tokens"], args["temperature"]
+def selected(args: Mapping[str, Any], *names: str) -> tuple[Any, ...]:
+    """The named per-row kernel arguments restricted to the rows the call computes."""
     rows = args.get("rows")
-    if rows is not None:
-        logits, tokens = logits[rows], tokens[rows]
-        if isinstance(temperature, Tensor):
-            temperature = temperature[rows]
-    return logits, tokens, temperature
+    values = tuple(args[name] for name in names)
+    if rows is None:
+        return values
+    return tuple(v[rows] if isinstance(v, Tensor) and v.dim() > 0 else v for v in values)
+
+
+def in_compute_range(values: Tensor, logits: Tensor) -> Tensor:
+    """A float64 reference as the kernel's dtype can hold it: magnitudes beyond its largest
+    finite value (1 / T can make logits / T that large) become infinite."""
+    limit = torch.finfo(logits_args.compute_dtype(logits)).max
+    huge = values.abs() > limit
+    return torch.where(huge, values.sign() * math.inf, values)
 
 
 def _reference(args: Mapping[str, Any]) -> tuple[Tensor, ...]:
-    logits, tokens, temperature = _selected(args)
+    logits, tokens, temperature = selected(args, "logits", "tokens", "temperature")
     logp_ref, entropy_ref = reference.logp_entropy(
         logits, tokens, temperature=temperature, ignore_index=args["ignore_index"]
     )
+    logp_ref = in_compute_range(logp_ref, logits)
     return (logp_ref, entropy_ref) if args["with_entropy"] else (logp_ref,)
 
 
@@ -401,27 +515,37 @@ def _outputs(result: Any, args: Mapping[str, Any]) -> tuple[Tensor, ...]:
     return (logp_out, entropy_out) if args["with_entropy"] else (logp_out,)
 
 
+def spread(values: Tensor, rows: Tensor | None, num_rows: int) -> Tensor:
+    """Per-selected-row values as per-logits-row ones: a row selected twice gets the sum."""
+    if rows is None:
+        return values
+    full = values.new_zeros((num_rows, *values.shape[1:]))
+    return full.index_add(0, rows, values)
+
+
+def grad_expected(expected: Tensor, grad_dtype: torch.dtype) -> Tensor:
+    """A float64 reference gradient as a gradient of `grad_dtype` can hold it."""
+    limit = torch.finfo(grad_dtype).max
+    return torch.where(expected.abs() > limit, expected.sign() * math.inf, expected)
+
+
 def _grad_check(kernel: Any, args: dict[str, Any], gen: torch.Generator):
     """The kernel's backward (plain and in place) against autograd over the float64 reference."""
     logits, tokens, rows = args["logits"], args["tokens"], args["rows"]
-    count = logits.shape[0] if rows is None else rows.shape[0]
-    grad_logp = torch.randn(count, generator=gen).to(logits.device)
+    shape = _kernel_shape(args)
+    compute = logits_args.compute_dtype(logits)
+    grad_logp = torch.randn(shape, generator=gen, dtype=compute).to(logits.device)
     grad_entropy = None
     if args["with_entropy"]:
-        grad_entropy = torch.randn(count, generator=gen).to(logits.device)
+        grad_entropy = torch.randn(shape[0], generator=gen, dtype=compute).to(logits.device)
     forward_args = dict(args, out=None)
     _, entropy, lse = kernel.forward(**forward_args)
-
-    def upstream(values: Tensor) -> Tensor:
-        if rows is None:
-            return values
-        return torch.zeros(logits.shape[0], device=values.device).index_copy(0, rows, values)
-
-    upstream_entropy = None if grad_entropy is None else upstream(grad_entropy)
-    expected = reference.logp_entropy_grad(
-        logits, tokens, upstream(grad_logp), upstream_entropy,
+    num_rows = logits.shape[0]
+    upstream_entropy = None if grad_entropy is None else spread(grad_entropy, rows, num_rows)
+    expected = grad_expected(reference.logp_entropy_grad(
+        logits, tokens, spread(grad_logp, rows, num_rows), upstream_entropy,
         temperature=args["temperature"], ignore_index=args["ignore_index"],
-    )
+    ), logits.dtype)
     common = (tokens, args["temperature"], args["ignore_index"], rows, lse, entropy)
     grad = kernel.backward(grad_logp, grad_entropy, logits, *common, False)
     yield "grad_logits", grad, expected
@@ -452,14 +576,24 @@ def _batch_slice(args: dict[str, Any], start: int, stop: int) -> dict[str, Any] 
 
 
 # Inputs are exact in every dtype (the reference upcasts the same values), so only
-# float32 accumulation separates a kernel from the reference.
-_TOLERANCES = {dtype: Tolerance(atol=2e-5, rtol=1e-5) for dtype in validate.FLOATS}
+# the compute dtype's accumulation separates a kernel from the reference.
+TOLERANCES = {dtype: Tolerance(atol=2e-5, rtol=1e-5) for dtype in validate.FLOATS}
+TOLERANCES[torch.float64] = Tolerance(atol=1e-12, rtol=1e-10)
 # Gradients are written in the logits' dtype: one rounding to that dtype is allowed.
-_GRAD_TOLERANCES = {
+GRAD_TOLERANCES = {
     torch.float32: Tolerance(atol=1e-6, rtol=1e-4),
     torch.bfloat16: Tolerance(atol=1e-6, rtol=8e-3),
     torch.float16: Tolerance(atol=1e-6, rtol=1e-3),
+    torch.float64: Tolerance(atol=1e-12, rtol=1e-9),
 }
+
+
+def _shape_call(shape: Any, dtype: torch.dtype) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if len(shape) < 2:
+        raise ValueError(f"takes --shape N,V (or more leading sizes, e.g. B,T,V); got {shape}")
+    logits = torch.empty(shape, dtype=dtype, device="meta")
+    return (logits, torch.empty(shape[:-1], dtype=torch.int64, device="meta")), {}
+
 
 def _spec(name: str, with_entropy: bool, doc: str) -> OpSpec:
     return OpSpec(
@@ -470,16 +604,20 @@ def _spec(name: str, with_entropy: bool, doc: str) -> OpSpec:
         reference=_reference,
         outputs=_outputs,
         samples=_samples(with_entropy),
-        tolerances=_TOLERANCES,
-        dtypes=validate.FLOATS,
+        tolerances=TOLERANCES,
+        dtypes=logits_args.LOGITS_DTYPES,
         opcheck_case=_opcheck_case,
         grad_check=_grad_check,
-        grad_tolerances=_GRAD_TOLERANCES,
+        grad_tolerances=GRAD_TOLERANCES,
         batch_slice=_batch_slice,
         doc=doc,
+        native=NativeKernel("rlk.native.logp:forward", "rlk.native.logp:backward"),
+        output_meta=_output_meta,
+        grad_meta=_grad_meta,
+        shape_call=_shape_call,
+        shape_help="N,V",
     )
 
 
 LOGP = _spec("logp", False, "log softmax(logits / T) at tokens")
 LOGP_ENTROPY = _spec("logp_entropy", True, "logp and the entropy of softmax(logits / T)")
-SPECS = (LOGP, LOGP_ENTROPY)

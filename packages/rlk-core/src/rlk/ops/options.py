@@ -168,16 +168,20 @@ class Options:
     def choices(self) -> tuple[Any, ...]:
         """What a kernel's `check` may depend on: every choice and flag, and which optional
         numbers are set (not their values, so a schedule over a coefficient keeps one cached
-        kernel selection)."""
-        key = []
-        for name, rule in self._rules:
-            value = getattr(self, name)
-            if isinstance(rule, Number):
-                if rule.optional:
-                    key.append(value is not None)
-            else:
-                key.append(value)
-        return tuple(key)
+        kernel selection). Computed once per object: it is on every call's path."""
+        found = self.__dict__.get("_choices")
+        if found is None:
+            key = []
+            for name, rule in self._rules:
+                value = getattr(self, name)
+                if isinstance(rule, Number):
+                    if rule.optional:
+                        key.append(value is not None)
+                else:
+                    key.append(value)
+            found = tuple(key)
+            object.__setattr__(self, "_choices", found)  # not a field: outside eq and hash
+        return found
 
     @classmethod
     def build(cls: type[Self], options: Self | None, settings: Mapping[str, Any]) -> Self:
@@ -219,7 +223,9 @@ class Options:
 
     @classmethod
     def _unknown_message(cls, name: str) -> str:
-        close = difflib.get_close_matches(name, cls.names(), n=1)
+        names = cls.names()
+        close = ([known for known in names if name.startswith(known) or known.startswith(name)]
+                 or difflib.get_close_matches(name, names, n=1))
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         return (f"{cls.op_name} got an unexpected option {name!r}{hint}; its options are "
                 f"{', '.join(cls.names())}")

@@ -16,10 +16,17 @@ from torch import Tensor
 
 from rlk import reference
 from rlk.ops import validate
+from rlk.ops.contract import BoundKernel, Out
 from rlk.ops.policy_loss_options import METRICS, PolicyLossOptions
 from rlk.ops.policy_loss_samples import samples
-from rlk.ops.spec import EagerPath, GradCase, OpSpec, Tolerance, register_autograd
-from rlk.registry import Kernel
+from rlk.ops.spec import (
+    EagerPath,
+    GradCase,
+    NativeKernel,
+    OpSpec,
+    Tolerance,
+    register_autograd,
+)
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 MASKS = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, *FLOATS)
@@ -149,7 +156,7 @@ def _grad(ctx: Any, grad_loss: Tensor, grad_metrics: Tensor) -> tuple[Tensor | N
 register_autograd(_policy_loss_op, _grad, _setup)
 
 
-def _eager_backward(kernel: Kernel, args: Mapping[str, Any],
+def _eager_backward(kernel: BoundKernel, args: Mapping[str, Any],
                     grads: tuple[Tensor | None, ...]) -> tuple[Tensor | None, ...]:
     grad_loss = grads[0] if grads[0] is not None else args["logp"].new_zeros(())
     return (kernel.backward(grad_loss, **args),)
@@ -202,7 +209,8 @@ def _reference(args: Mapping[str, Any]) -> tuple[Tensor, ...]:
                                  **{name: args[name] for name in (*TENSORS[4:], "options")})
 
 
-def _grad_check(kernel: Kernel, args: dict[str, Any], gen: torch.Generator) -> Iterator[GradCase]:
+def _grad_check(kernel: BoundKernel, args: dict[str, Any],
+                gen: torch.Generator) -> Iterator[GradCase]:
     """The kernel's backward against autograd through the float64 reference."""
     grad_loss = (torch.rand((), generator=gen) + 0.5).to(args["logp"].device)
     leaf = args["logp"].detach().to(torch.float64).requires_grad_(True)
@@ -215,6 +223,21 @@ def _grad_check(kernel: Kernel, args: dict[str, Any], gen: torch.Generator) -> I
 def _opcheck_case(args: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
     logp = args["logp"].detach().clone().requires_grad_(True)
     return torch.ops.rlk.policy_loss.default, _op_arguments({**args, "logp": logp})
+
+
+def _output_meta(logp: Tensor, *_: Any, **__: Any) -> tuple[Out | None, ...]:
+    return Out((), torch.float32, logp.device), Out((len(METRICS),), torch.float32, logp.device)
+
+
+def _grad_meta(grad_loss: Tensor, logp: Tensor, *_: Any, **__: Any) -> tuple[Out | None, ...]:
+    return (Out(tuple(logp.shape), logp.dtype, logp.device),)
+
+
+def _shape_call(shape: Any, dtype: torch.dtype) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if len(shape) != 2:
+        raise ValueError(f"takes --shape B,T; got {shape}")
+    logp = torch.empty(shape, dtype=dtype, device="meta")
+    return (logp, logp, torch.empty(shape[0], device="meta"), logp), {}
 
 
 _LOSS_TOLERANCE = Tolerance(atol=1e-5, rtol=1e-5)
@@ -237,5 +260,9 @@ POLICY_LOSS = OpSpec(
     eager=EagerPath(torch_op=_policy_loss_op, op_arguments=_op_arguments,
                     grad_inputs=("logp",), backward=_eager_backward, detached_outputs=(1,)),
     doc="PPO / GRPO / DAPO / Dr. GRPO / GSPO / CISPO / SAPO / VESPO policy loss",
+    native=NativeKernel("rlk.native.policy_loss:forward", "rlk.native.policy_loss:backward"),
+    output_meta=_output_meta,
+    grad_meta=_grad_meta,
+    shape_call=_shape_call,
+    shape_help="B,T",
 )
-SPECS = (POLICY_LOSS,)

@@ -10,8 +10,10 @@ import torch
 from torch import Tensor
 
 from rlk import reference
+from rlk.ops import temperature as temperatures
 from rlk.ops import validate
-from rlk.ops.spec import OpSpec, Sample, Tolerance
+from rlk.ops.contract import Out
+from rlk.ops.spec import NativeKernel, OpSpec, Sample, Tolerance
 
 _U64 = (1 << 64) - 1
 
@@ -26,12 +28,6 @@ class Sampled(NamedTuple):
     processed_logp: Tensor
 
 
-def _real(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    return float(value)
-
-
 def _mix64(value: int) -> int:
     """A 64-bit finaliser (splitmix64), so that nearby integer seeds share nothing."""
     z = (value + 0x9E3779B97F4A7C15) & _U64
@@ -44,8 +40,7 @@ def _mix64(value: int) -> int:
 def _seeds(seed: int | Tensor | None, lead: tuple[int, ...], device: torch.device) -> Tensor:
     """One int64 seed per row: given, derived from an int seed, or derived from one base drawn
     from torch's generator on the device (so CUDA graphs and torch.compile keep drawing fresh
-    ones). Derived row seeds differ only in their low bits, which backends whose RNG takes one
-    key per launch (FlashInfer) serve in a few launches instead of one per row."""
+    ones)."""
     if isinstance(seed, Tensor):
         validate.tensor("seed", seed, (torch.int64,))
         validate.shape("seed", seed, lead, " (one seed per row of logits)")
@@ -68,16 +63,14 @@ def _prepare(logits: Tensor, temperature: float, top_k: int, top_p: float, min_p
     validate.tensor("logits", logits, validate.FLOATS)
     if logits.dim() < 1 or logits.shape[-1] < 1:
         raise ValueError(f"logits must be [..., V] with V >= 1; got shape {tuple(logits.shape)}")
-    temp = _real("temperature", temperature)
-    if not 0.0 <= temp < math.inf:
-        raise ValueError(f"temperature must be finite and >= 0 (0 = greedy); got {temperature}")
+    temp = temperatures.scalar("temperature", temperature, allow_zero=True)
     k = validate.integer("top_k", top_k)
     if k < 0:
         raise ValueError(f"top_k must be >= 0 (0 = off); got {top_k}")
-    p = _real("top_p", top_p)
+    p = validate.real("top_p", top_p)
     if not 0.0 < p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1] (1 = off); got {top_p}")
-    floor = _real("min_p", min_p)
+    floor = validate.real("min_p", min_p)
     if not 0.0 <= floor < 1.0:
         raise ValueError(f"min_p must be in [0, 1) (0 = off); got {min_p}")
     lead = tuple(logits.shape[:-1])
@@ -166,6 +159,8 @@ def _samples(device: torch.device, dtype: torch.dtype) -> Iterator[Sample]:
     yield case("greedy", temperature=0.0)
     yield case("greedy-ignores-filters", temperature=0.0, top_k=3, top_p=0.5)
     yield case("temperature", temperature=0.6)
+    # the smallest temperature: greedy in effect, and logits / T must not overflow
+    yield case("tiny-temperature", temperature=temperatures.MIN_TEMPERATURE)
     yield case("top-k", top_k=5)
     yield case("top-k-one", top_k=1, temperature=1.3)
     yield case("top-k-above-vocab", top_k=80)
@@ -234,6 +229,18 @@ def _public_prepare(logits: Tensor, *, temperature: float = 1.0, top_k: int = 0,
     return _prepare(logits, temperature, top_k, top_p, min_p, seed)[0]
 
 
+def _output_meta(logits: Tensor, *_: Any, **__: Any) -> tuple[Out | None, ...]:
+    rows = (logits.shape[0],)
+    return (Out(rows, torch.int64, logits.device), Out(rows, torch.float32, logits.device),
+            Out(rows, torch.float32, logits.device))
+
+
+def _shape_call(shape: Any, dtype: torch.dtype) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if len(shape) < 2:
+        raise ValueError(f"takes --shape B,V; got {shape}")
+    return (torch.empty(shape, dtype=dtype, device="meta"),), {}
+
+
 SAMPLE = OpSpec(
     name="sample",
     main_input="logits",
@@ -248,5 +255,8 @@ SAMPLE = OpSpec(
     opcheck_case=_opcheck_case,
     batch_slice=_batch_slice,
     doc="one token per row: temperature, top-k, top-p, min-p, per-row seeds",
+    native=NativeKernel("rlk.native.sample:sample", uses=("logp",)),
+    output_meta=_output_meta,
+    shape_call=_shape_call,
+    shape_help="B,V",
 )
-SPECS = (SAMPLE,)

@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from rlk.dispatch import Policy, captured_policy, get_dispatcher, scoped_policy
+from rlk.dispatch import (
+    Policy,
+    Selection,
+    captured_policy,
+    current_policy,
+    get_dispatcher,
+    scoped_policy,
+)
+from rlk.ops.contract import BoundKernel, MetaFn
 from rlk.registry import Kernel
 
 KernelArgs = dict[str, Any]
 GradCase = tuple[str, Tensor, Tensor]
+# --shape sizes and a dtype -> (args, kwargs) of the public function, on the meta device
+ShapeCall = Callable[[Sequence[int], torch.dtype], tuple[tuple[Any, ...], dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -35,6 +46,16 @@ class Sample:
 
 
 @dataclass(frozen=True)
+class NativeKernel:
+    """The built-in backend's kernel for an op ("module:function" targets), and the ops it
+    dispatches itself (explain and doctor show which backend serves those)."""
+
+    forward: str
+    backward: str | None = None
+    uses: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class EagerPath:
     """How an op runs its kernels directly when nothing traces the call.
 
@@ -44,8 +65,9 @@ class EagerPath:
     kernel itself, under a plain autograd.Function when an input requires grad; under
     them, `torch_op` runs, so compiled and exported graphs still hold one opaque node.
 
-    - `torch_op`: the op's torch operator; `op_arguments`: kernel arguments -> its
-      positional arguments.
+    - `torch_op`: the op's torch operator; `op_arguments`: the op's validated arguments
+      -> its positional arguments; `kernel_arguments`: the same -> kernel arguments, when
+      they differ (what the torch operator's implementation does first).
     - `grad_inputs`: kernel arguments that may require grad, in the order `backward`
       returns their gradients; `backward`: (kernel, kernel arguments, output gradients)
       -> those gradients.
@@ -54,8 +76,9 @@ class EagerPath:
 
     torch_op: Callable[..., Any]
     op_arguments: Callable[[Mapping[str, Any]], tuple[Any, ...]]
+    kernel_arguments: Callable[[Mapping[str, Any]], KernelArgs] | None = None
     grad_inputs: tuple[str, ...] = ()
-    backward: Callable[[Kernel, Mapping[str, Any], tuple[Tensor | None, ...]],
+    backward: Callable[[BoundKernel, Mapping[str, Any], tuple[Tensor | None, ...]],
                        tuple[Tensor | None, ...]] | None = None
     detached_outputs: tuple[int, ...] = ()
 
@@ -76,6 +99,13 @@ class OpSpec:
       torch.library.opcheck.
     - `batch_slice`: kernel arguments restricted to rows [start, stop), or None where
       batch invariance has no meaning for these arguments.
+    - `eager`: how the op runs its kernels directly when nothing traces the call.
+    - `native`: the built-in backend's kernel (registered by rlk.native.plugin).
+    - `output_meta` / `grad_meta`: called with a forward / backward kernel call's own
+      arguments, what each tensor it returns must be (`Out`, or None: unchecked); every
+      call is checked against them (see rlk.ops.contract).
+    - `shape_call` / `shape_help`: the public call `rlk-core explain OP --shape ...`
+      explains, built on the meta device, and the shape it takes ("N,V").
     """
 
     name: str
@@ -88,25 +118,70 @@ class OpSpec:
     tolerances: Mapping[torch.dtype, Tolerance]
     dtypes: tuple[torch.dtype, ...]
     opcheck_case: Callable[[KernelArgs], tuple[Any, tuple[Any, ...]]]
-    grad_check: Callable[[Kernel, KernelArgs, torch.Generator], Iterator[GradCase]] | None = None
+    grad_check: Callable[[BoundKernel, KernelArgs, torch.Generator],
+                         Iterator[GradCase]] | None = None
     grad_tolerances: Mapping[torch.dtype, Tolerance] | None = None
     batch_slice: Callable[[KernelArgs, int, int], KernelArgs | None] | None = None
     eager: EagerPath | None = None
     doc: str = ""
+    native: NativeKernel | None = None
+    output_meta: MetaFn | None = None
+    grad_meta: MetaFn | None = None
+    shape_call: ShapeCall | None = None
+    shape_help: str = ""
 
-    def kernel(self, args: Mapping[str, Any]) -> Kernel:
+    @property
+    def differentiable(self) -> bool:
+        return self.grad_check is not None
+
+    @property
+    def backward_kernel(self) -> bool:
+        """Whether the op's backward runs a kernel's backward (it does not for an op whose
+        forward returns its gradients, as linear_policy_loss's does)."""
+        return (self.grad_check is not None and self.native is not None
+                and self.native.backward is not None)
+
+    def kernel(self, args: Mapping[str, Any]) -> BoundKernel:
         """The selected backend's kernel for these kernel-level arguments."""
         main = args[self.main_input]
-        flags = self.flags(args)
-        return get_dispatcher().kernel_for(self.name, main.device, main.dtype, flags, args)
+        return get_dispatcher().kernel_for(self.name, main.device, main.dtype, self.flags(args),
+                                           args, self.needs_grad(args), self.bind)
+
+    def select(self, args: Mapping[str, Any]) -> Selection:
+        """The selection for these kernel-level arguments, with every rejection (explain)."""
+        main = args[self.main_input]
+        dispatcher = get_dispatcher()
+        dispatcher.loader.ensure_loaded()
+        return dispatcher.decide(self.name, main.device, main.dtype, args,
+                                 current_policy(dispatcher), self.needs_grad(args))
+
+    def bind(self, kernel: Kernel) -> BoundKernel:
+        """`kernel` with this op's output contract attached."""
+        return BoundKernel(kernel, self.output_meta, self.grad_meta)
+
+    def needs_grad(self, args: Mapping[str, Any]) -> bool:
+        """Whether the call needs a kernel with a backward: an input tensor requires grad.
+
+        Metadata only, the same inside the torch op as in `explain`. Inside
+        torch.compile tensors do not carry requires_grad, so there a kernel without a
+        backward can be chosen and fails, naming the way around, at `.backward()`.
+        """
+        if not self.backward_kernel:
+            return False
+        for value in args.values():  # noqa: SIM110 - a loop: any(...) costs 3x on every call
+            if isinstance(value, Tensor) and value.requires_grad:
+                return True
+        return False
 
     def call(self, args: KernelArgs) -> Any:
-        """Run the op on validated kernel arguments: directly when nothing traces the call
+        """Run the op on its validated arguments: directly when nothing traces the call
         (see EagerPath), else through its torch operator."""
         eager = self.eager
         assert eager is not None, f"op {self.name} declares no EagerPath"
         if _traced(args):
             return eager.torch_op(*eager.op_arguments(args))
+        if eager.kernel_arguments is not None:
+            args = eager.kernel_arguments(args)
         kernel = self.kernel(args)
         inputs = [args[name] for name in eager.grad_inputs]
         if not (torch.is_grad_enabled()
@@ -135,7 +210,7 @@ class _Call:
     """One eager call: what its backward needs besides the saved tensors."""
 
     spec: OpSpec
-    kernel: Kernel
+    kernel: BoundKernel
     args: KernelArgs
     policy: Policy | None
 
@@ -167,6 +242,7 @@ class _KernelFunction(torch.autograd.Function):
         return outputs
 
     @staticmethod
+    @once_differentiable  # kernels have no double backward: say so instead of returning 0
     def backward(ctx: Any, *grads: Tensor | None) -> Any:
         call: _Call = ctx.call
         eager = call.spec.eager
@@ -180,9 +256,10 @@ class _KernelFunction(torch.autograd.Function):
 
 def register_autograd(op: Any, backward: Callable[..., Any],
                       setup_context: Callable[..., None]) -> None:
-    """`op.register_autograd`, with the backward selecting its kernels under the backend
-    policy of the forward: a `use_backends(...)` scope around the forward covers the
-    backward too, even when `.backward()` runs outside it (or on autograd's own thread)."""
+    """`op.register_autograd` (`op` a custom_op, or the qualified name of a defined one), with
+    the backward selecting its kernels under the backend policy of the forward: a
+    `use_backends(...)` scope around the forward covers the backward too, even when
+    `.backward()` runs outside it (or on autograd's own thread)."""
 
     def setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         ctx.rlk_policy = captured_policy()
@@ -192,4 +269,7 @@ def register_autograd(op: Any, backward: Callable[..., Any],
         with scoped_policy(ctx.rlk_policy):
             return backward(ctx, *grads)
 
-    op.register_autograd(grad, setup_context=setup)
+    if isinstance(op, str):
+        torch.library.register_autograd(op, grad, setup_context=setup)
+    else:
+        op.register_autograd(grad, setup_context=setup)

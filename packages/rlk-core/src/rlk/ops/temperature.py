@@ -1,10 +1,19 @@
-"""Temperature arguments: a float, or one value per row; validated and split in one place.
+"""Temperature arguments: a number, or one value per row; validated and split in one place.
 
-torch operator schemas cannot take `float | Tensor`, so ops pass an optional
-per-row tensor plus a float, and kernels receive them joined again.
+Kernels compute 1 / T in float32, so a temperature must be a normal float32 number:
+`MIN_TEMPERATURE` (2**-126, about 1.2e-38) <= T < inf; below it 1 / T overflows.
+A number outside that range raises. A tensor (one value per row, or a 0-d tensor for
+every row) is checked on its device without a sync: a row whose temperature is out of
+range gets NaN as its temperature, so that row's outputs and gradient are NaN and no
+other row changes. With RLK_CHECK_INPUTS=1 such a value raises instead, naming it.
+
+torch operator schemas cannot take `float | Tensor`, so ops pass an optional per-row
+tensor plus a float, and kernels receive them joined again.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -13,23 +22,46 @@ from rlk.ops import validate
 
 Temperature = float | Tensor
 
+MIN_TEMPERATURE = torch.finfo(torch.float32).tiny
+_RANGE = f"[{MIN_TEMPERATURE!r}, inf)"
+
+
+def scalar(name: str, value: object, *, allow_zero: bool = False) -> float:
+    """A validated temperature number (Python or NumPy); 0 only where `allow_zero`."""
+    number = validate.real(name, value)
+    if (allow_zero and number == 0.0) or MIN_TEMPERATURE <= number < math.inf:
+        return number
+    sign = ">= 0 (0 = greedy); a nonzero one" if allow_zero else "> 0,"
+    raise ValueError(f"{name} must be finite and {sign} at least {MIN_TEMPERATURE!r} "
+                     f"(the smallest normal float32: kernels compute 1 / {name} in float32); "
+                     f"got {value!r}")
+
 
 def prepare(temperature: object, lead: tuple[int, ...], anchor: Tensor,
             anchor_name: str) -> Temperature:
-    """A validated float > 0, or a float32 [rows] tensor from one of the leading shape."""
-    if isinstance(temperature, Tensor):
-        validate.tensor("temperature", temperature, validate.FLOATS)
-        validate.shape("temperature", temperature, lead, f" (one per row of {anchor_name})")
-        validate.same_device("temperature", temperature, anchor, anchor_name)
-        return temperature.reshape(-1).to(torch.float32)
-    return validate.positive_scalar("temperature", temperature)
+    """A validated float, or a [rows] tensor (float32; float64 for a float64 anchor): one
+    value per row of the leading shape `lead`, or a 0-d tensor broadcast to every row.
+    Out-of-range values become NaN."""
+    if not isinstance(temperature, Tensor):
+        return scalar("temperature", temperature)
+    validate.tensor("temperature", temperature, (*validate.FLOATS, torch.float64))
+    if temperature.dim() > 0:
+        validate.shape("temperature", temperature, lead,
+                       f" (one per row of {anchor_name}, or a 0-d tensor)")
+    validate.same_device("temperature", temperature, anchor, anchor_name)
+    values = temperature.to(torch.float64 if anchor.dtype == torch.float64 else torch.float32)
+    in_range = (values >= MIN_TEMPERATURE) & (values < math.inf)
+    if validate.value_checks(values):
+        _raise_out_of_range(values, in_range)
+    return torch.where(in_range, values, math.nan).expand(lead).reshape(-1)
 
 
-def check_range(temperature: Temperature) -> None:
-    """The opt-in (RLK_CHECK_INPUTS) check of per-row values: each finite and > 0."""
-    if isinstance(temperature, Tensor):
-        bad = ~(temperature > 0) | ~torch.isfinite(temperature)
-        validate.first_bad("temperature", bad, temperature, "(0, inf)")
+def _raise_out_of_range(values: Tensor, in_range: Tensor) -> None:
+    """The opt-in check (RLK_CHECK_INPUTS=1): name the first value out of range."""
+    if values.dim() > 0:
+        validate.first_bad("temperature", ~in_range, values, _RANGE)
+    elif not bool(in_range):
+        raise ValueError(f"temperature = {values.item()} is outside {_RANGE}")
 
 
 def split(temperature: Temperature) -> tuple[Tensor | None, float]:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
+
+from rlk import config
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 INDICES = (torch.int32, torch.int64)
+_INT64 = (-(2**63), 2**63)
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -39,10 +44,15 @@ def same_device(name: str, value: torch.Tensor, reference: torch.Tensor, ref_nam
         )
 
 
-def positive_scalar(name: str, value: object, *, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+def real(name: str, value: object) -> float:
+    """A Python or NumPy real number as a float (bools and tensors are refused)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    number = float(value)
+    return float(value)
+
+
+def positive_scalar(name: str, value: object, *, allow_zero: bool = False) -> float:
+    number = real(name, value)
     if not (number >= 0.0 if allow_zero else number > 0.0) or number == float("inf"):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} must be finite and {bound}, got {value}")
@@ -50,9 +60,13 @@ def positive_scalar(name: str, value: object, *, allow_zero: bool = False) -> fl
 
 
 def integer(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    """A Python or NumPy integer that fits in int64 (what torch operators take)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    return value
+    number = int(value)
+    if not _INT64[0] <= number < _INT64[1]:
+        raise ValueError(f"{name} must fit in int64 ([-2**63, 2**63)), got {number}")
+    return number
 
 
 def first_bad(name: str, bad: torch.Tensor, values: torch.Tensor, allowed: str) -> None:
@@ -63,3 +77,51 @@ def first_bad(name: str, bad: torch.Tensor, values: torch.Tensor, allowed: str) 
         raise ValueError(
             f"{name}[{where}] = {values[position].item()} is outside {allowed}"
         )
+
+
+def _symbolic(value: torch.Tensor) -> bool:
+    return value.is_meta or is_fake(value)
+
+
+def value_checks(*tensors: torch.Tensor | None) -> bool:
+    """Whether the opt-in checks of values (RLK_CHECK_INPUTS=1) run for this call.
+
+    They read values, so they need real tensors: meta and fake tensors (shape
+    propagation, torch.compile tracing) skip them, and so does any call while
+    torch.compile traces, where reading a value would break the graph.
+    """
+    if not config.checking_inputs() or torch.compiler.is_compiling():
+        return False
+    return not any(t is not None and _symbolic(t) for t in tensors)
+
+
+def _byte_span(value: torch.Tensor) -> tuple[int, int]:
+    """[first, last] byte offsets a tensor may touch within its storage."""
+    first = int(value.storage_offset())
+    last = first + sum(int(size - 1) * abs(int(step)) for size, step in
+                       zip(value.shape, value.stride(), strict=True))
+    return first * value.element_size(), (last + 1) * value.element_size() - 1
+
+
+def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors may touch the same bytes (conservatively: overlapping spans
+    of one storage). Meta and fake tensors hold no memory and never share it."""
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+    if _symbolic(a) or _symbolic(b):
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    a_first, a_last = _byte_span(a)
+    b_first, b_last = _byte_span(b)
+    return a_first <= b_last and b_first <= a_last
+
+
+def no_overlap(name: str, value: torch.Tensor, others: dict[str, torch.Tensor | None]) -> None:
+    """Refuse an output that shares memory with an input or another output (the kernel
+    would read what it has already overwritten, or write two results to one place)."""
+    for other_name, other in others.items():
+        if other is not None and shares_memory(value, other):
+            raise ValueError(
+                f"{name} shares memory with {other_name}; pass a separate tensor"
+            )

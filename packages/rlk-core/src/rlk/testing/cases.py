@@ -8,6 +8,7 @@ import torch
 
 from rlk.dispatch import get_dispatcher
 from rlk.ops import specs
+from rlk.ops.contract import BoundKernel
 from rlk.ops.spec import OpSpec, Sample
 from rlk.registry import Kernel
 
@@ -24,14 +25,19 @@ class Case:
     def id(self) -> str:
         return f"{self.spec.name}-{str(self.dtype).replace('torch.', '')}-{self.sample.name}"
 
+    @property
+    def bound(self) -> BoundKernel:
+        """The kernel with its op's output contract checked, as ops call it."""
+        return self.spec.bind(self.kernel)
+
 
 def backend_kernels(backend: str) -> dict[str, Kernel]:
-    """The kernels a backend registered, by op; raises if the backend is unknown."""
+    """The kernels a backend registered, by op; raises naming the recorded cause if the
+    backend is not registered (its plugin failed, is blocked, or does not exist)."""
     dispatcher = get_dispatcher()
     dispatcher.loader.ensure_loaded()
     if backend not in dispatcher.registry.backends:
-        known = ", ".join(sorted(dispatcher.registry.backends))
-        raise ValueError(f"backend {backend!r} is not registered (known: {known})")
+        raise ValueError(f"backend {backend!r} is {dispatcher.missing(backend)}")
     return {
         op: kernel
         for op, kernels in dispatcher.registry.kernels.items()

@@ -60,10 +60,12 @@ def kit_device(config: pytest.Config) -> torch.device:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "rlk_case" not in metafunc.fixturenames:
-        return
-    from rlk.testing.cases import conformance_cases
+    from rlk.testing.cases import backend_kernels, conformance_cases
 
     backend = metafunc.config.getoption("--rlk-backend")
-    cases: list[Any] = conformance_cases(backend, kit_device(metafunc.config))
-    metafunc.parametrize("rlk_case", cases, ids=[case.id for case in cases])
+    if "rlk_case" in metafunc.fixturenames:
+        cases: list[Any] = conformance_cases(backend, kit_device(metafunc.config))
+        metafunc.parametrize("rlk_case", cases, ids=[case.id for case in cases])
+    if "rlk_op" in metafunc.fixturenames:
+        ops = sorted(backend_kernels(backend))
+        metafunc.parametrize("rlk_op", ops, ids=ops)

@@ -1,4 +1,9 @@
-"""The conformance suite: every op a backend registers, against the float64 reference."""
+"""The conformance suite: every op a backend registers, against the float64 reference.
+
+A backend that serves nothing it should fails here, with the reason: its probe refuses
+(or raises on) the kit's device, or its checks refuse every sample of an op. Per-case
+refusals by `check` are skipped with their reason.
+"""
 
 from __future__ import annotations
 
@@ -9,20 +14,64 @@ import torch
 
 import rlk
 from rlk.dispatch import get_dispatcher
-from rlk.testing.cases import Case
+from rlk.ops import specs
+from rlk.registry import verdict
+from rlk.testing.cases import Case, backend_kernels
 from rlk.testing.compare import assert_bitwise_equal, assert_matches
+from rlk.testing.plugin import kit_device
 from rlk.testing.poison import poisoned_allocations
 
 
+def test_backend_serves_the_kit_device(request: pytest.FixtureRequest) -> None:
+    """The backend under test must accept the device the kit runs on (--rlk-device)."""
+    name = request.config.getoption("--rlk-backend")
+    device = kit_device(request.config)
+    kernels = backend_kernels(name)
+    assert kernels, f"backend '{name}' registers no kernel for any rlk op"
+    result = get_dispatcher().registry.probe(name, device)
+    what = "probe fails" if result.failed else "probe refuses"
+    assert result.reason is None, f"backend '{name}' {what} {device}: {result.reason}"
+    served = sorted(op for op, kernel in kernels.items() if device.type in kernel.devices)
+    assert served, (f"backend '{name}' registers no kernel for {device.type} devices; "
+                    f"run the kit with --rlk-device set to a device it serves")
+
+
+def test_check_accepts_some_samples(request: pytest.FixtureRequest, rlk_op: str) -> None:
+    """A kernel whose `check` refuses every conformance sample of its op serves nothing."""
+    name = request.config.getoption("--rlk-backend")
+    device = kit_device(request.config)
+    kernel = backend_kernels(name)[rlk_op]
+    if kernel.check is None or device.type not in kernel.devices:
+        pytest.skip("no check to consult on this device")
+    spec = specs()[rlk_op]
+    reasons = []
+    for dtype in [d for d in spec.dtypes if kernel.dtypes is None or d in kernel.dtypes]:
+        for sample in spec.samples(device, dtype):
+            reason = _check(kernel.check, sample.args)
+            if reason is None:
+                return
+            reasons.append(reason)
+    if not reasons:
+        pytest.skip("no conformance samples on this device")
+    pytest.fail(f"backend '{name}' check refuses every '{rlk_op}' sample, e.g.: {reasons[0]}")
+
+
+def _check(check: Any, args: dict[str, Any]) -> str | None:
+    try:
+        return verdict("check", check(**args))
+    except Exception as exc:
+        return f"check raised {type(exc).__name__}: {exc}"
+
+
 def _usable(case: Case) -> None:
-    backend = get_dispatcher().registry.backends[case.kernel.backend]
-    verdict = backend.probe_device(case.device)
-    if verdict is not None:
-        pytest.skip(f"backend '{backend.name}' cannot serve {case.device}: {verdict}")
+    result = get_dispatcher().registry.probe(case.kernel.backend, case.device)
+    if result.reason is not None:
+        pytest.skip(f"backend '{case.kernel.backend}' cannot serve {case.device} "
+                    f"(test_backend_serves_the_kit_device fails): {result.reason}")
     if case.device.type not in case.kernel.devices:
         pytest.skip(f"kernel serves {case.kernel.devices}, not {case.device.type}")
     if case.kernel.check is not None:
-        reason = case.kernel.check(**case.sample.args)
+        reason = _check(case.kernel.check, case.sample.args)
         if reason is not None:
             pytest.skip(f"kernel check refuses this case: {reason}")
 
@@ -37,22 +86,27 @@ def _poison_outs(args: dict[str, Any]) -> None:
             value.fill_(float("nan"))
 
 
+def _assert_untouched(when: str, args: dict[str, Any], pristine: dict[str, Any]) -> None:
+    """Kernels must not write their inputs (out= buffers aside)."""
+    for key, value in pristine.items():
+        if isinstance(value, torch.Tensor) and not key.startswith("out"):
+            assert_bitwise_equal(f"input '{key}' {when}", args[key], value)
+
+
 def test_forward_matches_reference(rlk_case: Case) -> None:
     _usable(rlk_case)
     spec, args = rlk_case.spec, _clone(rlk_case.sample.args)
     _poison_outs(args)
     pristine = _clone(args)
     with poisoned_allocations():
-        result = rlk_case.kernel.forward(**args)
+        result = rlk_case.bound.forward(**args)
     expected = spec.reference(pristine)
     actual = spec.outputs(result, args)
     assert len(actual) == len(expected), f"{len(actual)} outputs, reference has {len(expected)}"
     tolerance = spec.tolerances[rlk_case.dtype]
     for index, (got, want) in enumerate(zip(actual, expected, strict=True)):
         assert_matches(f"{spec.name} output {index}", got, want, tolerance)
-    for key, value in pristine.items():
-        if isinstance(value, torch.Tensor) and not key.startswith("out"):
-            assert_bitwise_equal(f"input '{key}' after the call", args[key], value)
+    _assert_untouched("after the forward", args, pristine)
 
 
 def test_backward_matches_reference(rlk_case: Case) -> None:
@@ -62,9 +116,12 @@ def test_backward_matches_reference(rlk_case: Case) -> None:
     _usable(rlk_case)
     assert spec.grad_tolerances is not None
     gen = torch.Generator().manual_seed(99)
+    args = _clone(rlk_case.sample.args)
+    pristine = _clone(args)
     with poisoned_allocations():
-        checks = list(spec.grad_check(rlk_case.kernel, _clone(rlk_case.sample.args), gen))
+        checks = list(spec.grad_check(rlk_case.bound, args, gen))
     assert checks, "grad_check produced no comparison"
+    _assert_untouched("after the backward", args, pristine)
     for name, got, want in checks:
         assert got.dtype == rlk_case.dtype or got.dtype == torch.float32, name
         assert_matches(f"{spec.name} {name}", got, want, spec.grad_tolerances[rlk_case.dtype])
@@ -90,11 +147,11 @@ def test_batch_invariance(rlk_case: Case) -> None:
     rows = args[spec.main_input].shape[0]
     if rows < 2 or spec.batch_slice(args, 0, rows) is None:
         pytest.skip("needs a batch of at least two rows without row selection")
-    full = spec.outputs(rlk_case.kernel.forward(**_clone(args)), args)
+    full = spec.outputs(rlk_case.bound.forward(**_clone(args)), args)
     for start, stop in ((0, 1), (1, rows), (rows // 2, rows)):
         part_args = spec.batch_slice(_clone(args), start, stop)
         assert part_args is not None
-        part = spec.outputs(rlk_case.kernel.forward(**part_args), part_args)
+        part = spec.outputs(rlk_case.bound.forward(**part_args), part_args)
         for index, (whole, piece) in enumerate(zip(full, part, strict=True)):
             assert_bitwise_equal(f"output {index} rows [{start}, {stop})", piece,
                                  whole[start:stop])

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import rlk
+from rlk.backend import hookimpl
 
-RLK_PLUGIN_API = "1.0"
+RLK_PLUGIN_API = "1.1"
 
 
-@rlk.hookimpl
+@hookimpl
 def rlk_register(registry) -> None:
     registry.add_backend("halfway", priority=400)
     raise RuntimeError("could not read the device table")

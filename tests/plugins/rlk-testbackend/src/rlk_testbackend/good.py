@@ -11,9 +11,9 @@ import os
 import torch
 from torch import Tensor
 
-import rlk
+from rlk.backend import hookimpl, one_token_per_row
 
-RLK_PLUGIN_API = "1.0"
+RLK_PLUGIN_API = "1.1"
 
 
 def probe(device: torch.device) -> str | None:
@@ -22,10 +22,10 @@ def probe(device: torch.device) -> str | None:
     return None if device.type == "cpu" else f"serves only the CPU, not {device.type}"
 
 
-def check(*, temperature: float | Tensor, **_: object) -> str | None:
+def check(*, temperature: float | Tensor, tokens: Tensor, **_: object) -> str | None:
     if isinstance(temperature, Tensor):
         return "per-row temperature is not supported"
-    return None
+    return one_token_per_row(tokens)
 
 
 def _row(logits: Tensor, token: int, temperature: float, ignore_index: int):
@@ -48,7 +48,7 @@ def forward(logits: Tensor, tokens: Tensor, temperature: float, ignore_index: in
     count = len(indices)
     logp = out if out is not None else torch.empty(count, dtype=torch.float32)
     entropy = torch.empty(count, dtype=torch.float32) if with_entropy else None
-    lse = torch.empty(count, dtype=torch.float32)
+    lse = torch.empty(count, dtype=torch.float64)
     for position, row in enumerate(indices):
         value, ent, row_lse = _row(logits[row], int(tokens[row]), temperature, ignore_index)
         logp[position] = value
@@ -76,13 +76,13 @@ def backward(grad_logp: Tensor, grad_entropy: Tensor | None, logits: Tensor, tok
             row_entropy = -(probs * torch.where(probs > 0, log_probs, 0.0)).sum()
             term = probs * torch.where(probs > 0, log_probs + row_entropy, 0.0)
             row_grad -= term * float(grad_entropy[position])
-        grad[row] = row_grad / temperature
+        grad[row] += row_grad / temperature  # a row selected twice gets both gradients
     if inplace:
         return logits.copy_(grad)
     return grad.to(logits.dtype)
 
 
-@rlk.hookimpl
+@hookimpl
 def rlk_register(registry) -> None:
     registry.add_backend("testbackend", priority=100, probe=probe, version="0.0.1")
     for op in ("logp", "logp_entropy"):

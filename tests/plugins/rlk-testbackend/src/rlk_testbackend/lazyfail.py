@@ -5,12 +5,12 @@ Kernels are imported on first use, so the backend still lists, with the reason.
 
 from __future__ import annotations
 
-import rlk
+from rlk.backend import hookimpl
 
-RLK_PLUGIN_API = "1.0"
+RLK_PLUGIN_API = "1.1"
 
 
-@rlk.hookimpl
+@hookimpl
 def rlk_register(registry) -> None:
     registry.add_backend("lazyfail", priority=250, version="0.0.1")
     registry.add_kernel("logp", "lazyfail", "rlk_testbackend._missing_extension:forward",

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import rlk
+from rlk.backend import hookimpl
 
 RLK_PLUGIN_API = "0.9"
 
 
-@rlk.hookimpl
+@hookimpl
 def rlk_register(registry) -> None:
     registry.add_backend("oldapi", priority=500)

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import rlk
+from rlk.backend import hookimpl
 
-RLK_PLUGIN_API = "1.0"
+RLK_PLUGIN_API = "1.1"
 
 
 def probe(device) -> str:
     return "needs a Faraway accelerator (none found)"
 
 
-@rlk.hookimpl
+@hookimpl
 def rlk_register(registry) -> None:
     registry.add_backend("faraway", priority=300, probe=probe, version="9.9")
     registry.add_kernel("logp", "faraway", "rlk_testbackend.good:forward",

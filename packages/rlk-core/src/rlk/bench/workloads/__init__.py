@@ -7,11 +7,12 @@ measured what matters most.
 from __future__ import annotations
 
 from rlk.bench.workload import Workload
-from rlk.bench.workloads import linear, logp, losses, sampling
+from rlk.bench.workloads import linear, linear_loss, logp, losses, sampling
 
-ORDER = ("logp", "logp-bwd", "linear-logp", "sample", "logp-entropy", "policy-loss",
-         "group-advantages", "logp-native")
-_ALL = {w.name: w for module in (logp, linear, losses, sampling) for w in module.WORKLOADS}
+ORDER = ("logp", "logp-bwd", "linear-logp", "linear-policy-loss", "sample", "logp-entropy",
+         "policy-loss", "group-advantages", "logp-native")
+_ALL = {w.name: w for module in (logp, linear, linear_loss, losses, sampling)
+        for w in module.WORKLOADS}
 WORKLOADS: dict[str, Workload] = {name: _ALL[name] for name in ORDER}
 
 

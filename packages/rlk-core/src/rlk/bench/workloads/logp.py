@@ -2,7 +2,9 @@
 
 Logits are random with a standard deviation of 2 (about what language models emit)
 and tokens uniform over the vocabulary; temperature 1, so peers without a
-temperature argument compute the same thing.
+temperature argument compute the same thing. The cases sweep the vocabularies of the
+model families RL runs use (32k, 128k, 152k, 256k) in every dtype of the run, plus rows
+that are strided: a slice of a wider buffer, as logits[:, :V] of a padded LM head gives.
 """
 
 from __future__ import annotations
@@ -32,10 +34,14 @@ from rlk.bench.workload import (
     rlk_function,
 )
 
-V32K, V152K, V256K = 32768, 151936, 262144
+V32K, V128K, V152K, V256K = 32768, 128256, 151936, 256000
+VOCABULARIES = (V32K, V128K, V152K, V256K)
+ROW_PADDING = 128  # strided cases: rows of V logits inside rows of V + 128
 
 
-def case(n: int, v: int) -> Case:
+def case(n: int, v: int, strided: bool = False) -> Case:
+    if strided:
+        return Case(f"N={n} V={v} strided", {"N": n, "V": v, "row_stride": v + ROW_PADDING})
     return Case(f"N={n} V={v}", {"N": n, "V": v})
 
 
@@ -45,8 +51,9 @@ SMOKE = (case(48, 1000),)
 def make_inputs(case: Case, dtype: torch.dtype, device: torch.device, seed: int,
                 backward: bool) -> Inputs:
     n, v = int(case.dims["N"]), int(case.dims["V"])
+    stride = int(case.dims.get("row_stride", v))
     gen = torch.Generator(device=device).manual_seed(seed)
-    logits = torch.randn(n, v, generator=gen, device=device, dtype=dtype).mul_(2.0)
+    logits = torch.randn(n, stride, generator=gen, device=device, dtype=dtype).mul_(2.0)[:, :v]
     return {
         "logits": logits.requires_grad_(backward),
         "tokens": torch.randint(0, v, (n,), generator=gen, device=device),
@@ -159,10 +166,11 @@ CUDA_TMA = Variant("cuda", "tma", {"RLK_CUDA_LOGP_FORWARD": "tma"}, _hopper_only
 
 def _logp_workload(name: str, modes: tuple[str, ...], cases: tuple[Case, ...],
                    backends: tuple[str, ...] | None = None, with_peers: tuple[str, ...] = (),
-                   variants: tuple[Variant, ...] = (), doc: str = "") -> Workload:
+                   variants: tuple[Variant, ...] = (), smoke: tuple[Case, ...] = SMOKE,
+                   doc: str = "") -> Workload:
     available = {**torch_peers(False), "liger": LIGER}
     return Workload(
-        name=name, op="logp", modes=modes, cases=cases, smoke_cases=SMOKE,
+        name=name, op="logp", modes=modes, cases=cases, smoke_cases=smoke,
         inputs=make_inputs, rlk_call=rlk_call(False), reference=reference_for(False),
         compare=compare, cost=lambda c, d, b: cost(c, d, b),
         peers={p: available[p] for p in with_peers}, backends=backends, variants=variants,
@@ -174,17 +182,17 @@ LOGP_NATIVE = _logp_workload(
     "logp-native", (FORWARD, FORWARD_BACKWARD), (case(4096, V152K),), backends=("native",),
     with_peers=("eager",),
     doc="rlk.logp on the native (PyTorch) backend beside eager log_softmax(logits.float())")
+SWEEP = (*(case(8192, v) for v in VOCABULARIES), case(8192, V152K, strided=True))
 LOGP = _logp_workload(
-    "logp", (FORWARD,),
-    (case(8192, V152K), case(32768, V152K), case(8192, V256K)),
-    with_peers=("eager", "compile", "liger"), variants=(CUDA_TMA,), doc="rlk.logp forward")
+    "logp", (FORWARD,), (*SWEEP, case(32768, V152K)),
+    with_peers=("eager", "compile", "liger"), variants=(CUDA_TMA,),
+    smoke=(*SMOKE, case(48, 1000, strided=True)), doc="rlk.logp forward")
 LOGP_BWD = _logp_workload(
-    "logp-bwd", (FORWARD_BACKWARD,), (case(8192, V152K), case(8192, V32K)),
-    with_peers=("eager", "compile", "liger"),
+    "logp-bwd", (FORWARD_BACKWARD,), SWEEP, with_peers=("eager", "compile", "liger"),
     doc="rlk.logp forward and backward with a per-token upstream gradient")
 LOGP_ENTROPY = Workload(
     name="logp-entropy", op="logp_entropy", modes=(FORWARD, FORWARD_BACKWARD),
-    cases=(case(8192, V152K),), smoke_cases=SMOKE, inputs=make_inputs,
+    cases=(case(8192, V152K), case(8192, V256K)), smoke_cases=SMOKE, inputs=make_inputs,
     rlk_call=rlk_call(True), reference=reference_for(True), compare=compare,
     cost=lambda c, d, b: cost(c, d, b, entropy=True), peers=torch_peers(True),
     doc="rlk.logp_entropy, forward and forward+backward (upstream gradients on both outputs)")

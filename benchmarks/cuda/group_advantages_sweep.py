@@ -1,0 +1,67 @@
+"""rlk.group_advantages on the cuda backend against torch eager, at every group size.
+
+Times each call as `rlk-core bench` does (CUDA events around calls issued back to back,
+median of many: a host-bound op shows its host time), plus the host time per call, for
+N rewards in consecutive groups (group_size=) and, for the id path, shuffled group ids.
+A row whose rlk time exceeds eager's is marked SLOWER. Exit status 1 if any row is.
+  python benchmarks/cuda/group_advantages_sweep.py [--n 8192 65536] [--reps 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch
+
+import rlk
+from rlk.bench.timing import host_and_wall_ms, time_calls
+
+DEVICE = torch.device("cuda")
+SIZES = (2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
+
+
+def eager(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """The bench's eager peer: GRPO advantages with group std."""
+    groups = rewards.view(-1, group_size)
+    centred = groups - groups.mean(-1, keepdim=True)
+    return (centred / (groups.std(-1, keepdim=True) + 1e-6)).view(-1)
+
+
+def median_ms(call: object, reps: int) -> float:
+    time_calls(lambda i: call(), 10, DEVICE)  # type: ignore[operator]
+    return statistics.median(time_calls(lambda i: call(), reps, DEVICE))  # type: ignore[operator]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, nargs="+", default=[8192, 65536])
+    parser.add_argument("--reps", type=int, default=200)
+    options = parser.parse_args()
+    slower = 0
+    print(f"{'N':>7} {'size':>5} {'path':>6} {'rlk ms':>8} {'eager ms':>9} {'rlk host':>9}")
+    with rlk.use_backends("cuda", strict=True):
+        for n in options.n:
+            rewards = (torch.rand(n, device=DEVICE) < 0.4).float()
+            for size in [s for s in SIZES if n % s == 0 and s <= n]:
+                ids = (torch.arange(n, device=DEVICE) // size)[torch.randperm(n, device=DEVICE)]
+                shuffled = rewards.clone()
+                rows = {
+                    "size": lambda r=rewards, s=size: rlk.group_advantages(r, group_size=s),
+                    "ids": lambda r=shuffled, g=ids: rlk.group_advantages(r, group_ids=g),
+                }
+                peer = median_ms(lambda r=rewards, s=size: eager(r, s), options.reps)
+                for path, call in rows.items():
+                    ms = median_ms(call, options.reps)
+                    host, _ = host_and_wall_ms(call, options.reps, DEVICE)
+                    flag = ""
+                    if path == "size" and ms > peer:
+                        flag, slower = "  SLOWER", slower + 1
+                    print(f"{n:>7} {size:>5} {path:>6} {ms:>8.4f} {peer:>9.4f} {host:>9.4f}{flag}")
+    print(f"{slower} group_size rows slower than eager")
+    return 1 if slower else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""The boundary between an op and the backend kernel serving it.
+
+What a kernel returns is checked against what the op's spec says it returns, by metadata
+only (type, shape, dtype, device: a few attribute reads per call): a float64 or
+wrong-shape result, or None, fails here with the backend's name instead of passing as
+silently wrong numbers. An exception a kernel raises keeps its type (an out-of-memory
+error stays one) and gains a note naming the backend that raised and the way around it,
+also when the kernel ran nested inside another (native `linear_logp` calling the `logp`
+kernel of a third-party backend).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from rlk.errors import KernelError
+from rlk.registry import Kernel
+
+
+class Out(NamedTuple):
+    """What one tensor a kernel returns must be."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+
+# The outputs a kernel call must return, from that call's own arguments; None: not checked.
+MetaFn = Callable[..., tuple["Out | None", ...]]
+
+_NOTE = "rlk:"
+
+
+class BoundKernel:
+    """A selected kernel with its op's contract attached (what dispatch hands to ops)."""
+
+    __slots__ = ("_grad_meta", "_output_meta", "kernel")
+
+    def __init__(self, kernel: Kernel, output_meta: MetaFn | None, grad_meta: MetaFn | None):
+        self.kernel = kernel
+        self._output_meta = output_meta
+        self._grad_meta = grad_meta
+
+    @property
+    def backend(self) -> str:
+        return self.kernel.backend
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            result = self.kernel.forward(*args, **kwargs)
+        except Exception as exc:
+            attribute(exc, self.kernel, "forward")
+            raise
+        if self._output_meta is not None:
+            check(self.kernel, "forward", result, self._output_meta(*args, **kwargs))
+        return result
+
+    def backward(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            result = self.kernel.backward(*args, **kwargs)
+        except Exception as exc:
+            attribute(exc, self.kernel, "backward")
+            raise
+        if self._grad_meta is not None:
+            check(self.kernel, "backward", result, self._grad_meta(*args, **kwargs))
+        return result
+
+
+def check(kernel: Kernel, phase: str, result: Any, expected: tuple[Out | None, ...]) -> None:
+    """KernelError unless `result` has the outputs `expected` describes (None: unchecked)."""
+    outputs = result if isinstance(result, tuple) else (result,)
+    if len(outputs) != len(expected):
+        _broken(kernel, phase, f"returned {len(outputs)} output(s); the contract is "
+                               f"{len(expected)}")
+    for index, want in enumerate(expected):  # a plain loop: this runs on every call
+        got = outputs[index]
+        if want is not None and (not isinstance(got, Tensor) or got.dtype != want.dtype
+                                 or got.shape != want.shape or got.device != want.device):
+            found = (_describe(Out(tuple(got.shape), got.dtype, got.device))
+                     if isinstance(got, Tensor) else f"{type(got).__name__}, not a tensor")
+            _broken(kernel, phase, f"output {index} is {found}; the contract is "
+                                   f"{_describe(want)}")
+
+
+def attribute(exc: BaseException, kernel: Kernel, phase: str) -> None:
+    """Note on `exc` which backend raised it and how to run without that backend.
+
+    The innermost kernel names the culprit; kernels it ran inside add where it was called.
+    """
+    what = f"backend '{kernel.backend}' ({kernel.op} {phase}, {kernel.target})"
+    if origin(exc) is not None:
+        _add_note(exc, f"{_NOTE} ... raised inside {what}")
+        return
+    exc._rlk_kernel = kernel  # type: ignore[attr-defined]
+    text = f"{_NOTE} raised by {what}"
+    if kernel.plugin and kernel.backend != "native":
+        text += (f", from plugin '{kernel.plugin}' ({kernel.distribution or 'no distribution'})."
+                 f" To run without it: RLK_DISABLE_PLUGINS={kernel.plugin}, or prefer another "
+                 "backend with rlk.use_backends(...)")
+    _add_note(exc, text)
+
+
+def origin(exc: BaseException) -> Kernel | None:
+    """The kernel that raised `exc` (the innermost one, when kernels ran nested), if any."""
+    return getattr(exc, "_rlk_kernel", None)
+
+
+def _add_note(exc: BaseException, text: str) -> None:
+    if hasattr(exc, "add_note"):
+        exc.add_note(text)
+    else:  # Python 3.10: keep the note where 3.11's traceback would print it from
+        exc.__notes__ = [*getattr(exc, "__notes__", []), text]
+
+
+def _describe(out: Out) -> str:
+    return f"{str(out.dtype).replace('torch.', '')} {list(out.shape)} on {out.device}"
+
+
+def _broken(kernel: Kernel, phase: str, problem: str) -> None:
+    hint = (f" To run without it: RLK_DISABLE_PLUGINS={kernel.plugin}, or prefer another "
+            "backend with rlk.use_backends(...)." if kernel.backend != "native" else "")
+    raise KernelError(f"backend '{kernel.backend}' broke the '{kernel.op}' contract: its "
+                      f"{phase} kernel {kernel.target} {problem}.{hint}")

@@ -1,0 +1,3 @@
+"""rlk-core's version, in a module of its own so that every layer can read it."""
+
+__version__ = "0.1.0"

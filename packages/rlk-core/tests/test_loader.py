@@ -1,0 +1,209 @@
+"""Plugin loading survives any plugin: re-entrant, transactional, isolated, never silent."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import fake_plugins
+import pytest
+import torch
+
+import rlk
+from rlk import dispatch, plugins
+from rlk.registry import Registry
+
+
+def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return torch.randn(4, 32, generator=gen), torch.randint(0, 32, (4,), generator=gen)
+
+
+def _records() -> dict[str, Any]:
+    return {r.name: r for r in dispatch.get_dispatcher().loader.records}
+
+
+def _in_thread(call: Callable[[], Any], timeout: float = 20.0) -> Any:
+    """Run `call` on a daemon thread; fail (instead of hanging) if it deadlocks."""
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), f"the call did not return within {timeout} s (deadlock)"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def test_plugin_calling_rlk_in_its_hook_does_not_deadlock(use_plugins):
+    use_plugins(reentrant="fake_plugins:reentrant")
+    logits, tokens = _inputs()
+    result = _in_thread(lambda: rlk.logp(logits, tokens))
+    assert torch.isfinite(result).all()
+    assert _records()["reentrant"].status == "loaded"
+    inner_logp, inner_backends = fake_plugins.Reentrant.seen[-2:]
+    assert inner_logp.shape == (1,)  # served while loading, by what was loaded before it
+    assert "native" in inner_backends
+
+
+def test_plugin_calling_rlk_at_import_does_not_deadlock(use_plugins):
+    use_plugins(calls_rlk="fake_plugin_calls_rlk")
+    result = _in_thread(lambda: rlk.logp(*_inputs()))
+    assert torch.isfinite(result).all()
+    assert _records()["calls_rlk"].status == "loaded"
+
+
+def test_decisions_made_while_loading_are_not_kept(use_plugins):
+    """The reentrant plugin's call is decided before 'zz_fast' loads: it must not stick."""
+    use_plugins(reentrant="fake_plugins:reentrant", zz_fast="fake_plugins:fast")
+    before = fake_plugins.calls["fast"]
+    _in_thread(lambda: rlk.logp(*_inputs()))
+    assert fake_plugins.calls["fast"] == before + 1
+
+
+def test_system_exit_from_a_plugin_is_a_failed_plugin(use_plugins):
+    use_plugins(exits_at_import="fake_plugin_exits", exits_in_hook="fake_plugins:exiting")
+    assert torch.isfinite(rlk.logp(*_inputs())).all()
+    records = _records()
+    for name in ("exits_at_import", "exits_in_hook"):
+        assert records[name].status == "failed"
+        assert "SystemExit: 3" in records[name].error
+
+
+def test_strict_plugins_raise_for_every_caller_after_trying_every_plugin(use_plugins,
+                                                                        fresh_rlk):
+    fresh_rlk.setenv("RLK_STRICT_PLUGINS", "1")
+    use_plugins(a_duplicate="fake_plugins:duplicate", z_fast="fake_plugins:fast")
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            rlk.logp(*_inputs())
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert len(errors) == 8 and all(isinstance(e, rlk.PluginError) for e in errors), errors
+    assert "RLK_DISABLE_PLUGINS=a_duplicate" in str(errors[0])
+    with pytest.raises(rlk.PluginError):
+        rlk.logp(*_inputs())  # and so does every later call
+    assert _records()["z_fast"].status == "loaded"  # plugins after the failure still load
+
+
+def test_interrupted_load_leaves_nothing_half_loaded(use_plugins):
+    fake_plugins.Interrupting.interrupts = 1
+    use_plugins(a_fast="fake_plugins:fast", m_interrupting="fake_plugins:interrupting",
+                z_picky="fake_plugins:picky")
+    with pytest.raises(KeyboardInterrupt):
+        rlk.logp(*_inputs())
+    loader = dispatch.get_dispatcher().loader
+    assert loader.records == []
+    assert dispatch.get_dispatcher().registry.backends == {}
+    assert not loader.loaded
+    before = fake_plugins.calls["fast"]
+    rlk.logp(*_inputs())  # the next call loads everything again
+    assert fake_plugins.calls["fast"] == before + 1
+    assert {n: r.status for n, r in _records().items()} == {
+        "rlk.native.plugin": "loaded", "a_fast": "loaded", "m_interrupting": "loaded",
+        "z_picky": "loaded"}
+
+
+def test_a_failing_hook_cannot_break_native(use_plugins):
+    use_plugins(hijacker="fake_plugins:hijacker")
+    assert torch.isfinite(rlk.logp(*_inputs())).all()
+    assert _records()["hijacker"].status == "failed"
+    assert rlk.explain("logp", *_inputs()).backend == "native"
+
+
+def test_a_plugin_adds_kernels_only_to_its_own_backends(use_plugins):
+    use_plugins(a_fast="fake_plugins:fast", b_annexer="fake_plugins:annexer")
+    rlk.backends("cpu")
+    record = _records()["b_annexer"]
+    assert record.status == "failed"
+    assert "belongs to plugin 'a_fast'" in record.error
+    registry = dispatch.get_dispatcher().registry
+    assert [k.backend for k in registry.kernels["sample"]] == ["native"]
+
+
+def test_registered_records_are_frozen():
+    registry = Registry(["logp"])
+    registry.add_backend("mine", priority=1)
+    registry.add_kernel("logp", "mine", "a:b", devices="cpu")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        registry.backends["mine"].probe = lambda device: "hijacked"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        registry.kernels["logp"][0].target = "x:y"  # type: ignore[misc]
+
+
+def test_a_slow_plugin_is_named_in_a_warning(use_plugins, monkeypatch, caplog):
+    from rlk import watchdog
+
+    monkeypatch.setattr(watchdog, "SLOW_SECONDS", 0.05)
+    monkeypatch.setattr(fake_plugins.Slow, "delay", 0.5)
+    use_plugins(slow="fake_plugins:slow")
+    with caplog.at_level(logging.WARNING, logger="rlk"):
+        rlk.logp(*_inputs())
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("plugin 'slow'" in m and "RLK_DISABLE_PLUGINS=slow" in m for m in messages), \
+        messages
+
+
+def test_malformed_entry_point_names_its_value(use_plugins):
+    use_plugins(bad="fake_plugins:")
+    rlk.backends("cpu")
+    error = _records()["bad"].error
+    assert "malformed entry point value 'fake_plugins:'" in error
+    assert "NoneType" not in error
+
+
+def test_two_entry_points_to_one_plugin_load_it_once(use_plugins):
+    use_plugins(fast="fake_plugins:fast", fast_again="fake_plugins:fast")
+    names = [r.name for r in rlk.backends("cpu")]
+    assert names.count("fast") == 1
+    assert "fast_again" not in names
+    record = _records()["fast_again"]
+    assert record.status == "duplicate"
+    assert "entry point 'fast'" in record.error
+
+
+def test_plugin_api_versions_core_does_not_speak_are_refused(use_plugins):
+    use_plugins(future="fake_plugins:future")
+    rlk.backends("cpu")
+    record = _records()["future"]
+    assert record.status == "failed"
+    assert "newer than rlk-core's" in record.error
+    assert "not a 'major.minor' string" in str(plugins.api_mismatch("one"))
+    assert plugins.api_mismatch("0.9") is not None
+    assert plugins.api_mismatch("1.0") is None
+
+
+def test_plugin_without_a_hook_is_failed_not_silently_empty(use_plugins):
+    use_plugins(hookless="fake_plugins:hookless")
+    rlk.backends("cpu")
+    record = _records()["hookless"]
+    assert record.status == "failed"
+    assert "implements no rlk_register hook" in record.error
+
+
+def test_unknown_plugin_filter_names_are_warned(use_plugins, fresh_rlk, caplog):
+    fresh_rlk.setenv("RLK_DISABLE_PLUGINS", "fsat")
+    use_plugins(fast="fake_plugins:fast")
+    with caplog.at_level(logging.WARNING, logger="rlk"):
+        rlk.backends("cpu")
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("RLK_DISABLE_PLUGINS names 'fsat'" in m and "did you mean 'fast'" in m
+               for m in messages), messages

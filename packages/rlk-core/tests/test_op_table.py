@@ -1,0 +1,47 @@
+"""One op table: every op is one line of rlk.ops.SPECS, and the machinery around the ops
+(dispatcher, loader, CLI, kit, native registration) knows them only through it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import rlk
+from rlk.ops import OP_NAMES, SPECS, specs
+
+ROOT = Path(rlk.__file__).parent
+# Files that may name ops: the op table, each op's own modules, the public exports, and
+# code that is per op by nature (benchmark workloads, framework adapters).
+OWN_FILES = ("ops/", "native/", "bench/", "integrations/", "__init__.py", "distributed.py",
+             "reference.py")
+
+
+def test_the_table_is_the_list_of_ops():
+    assert tuple(SPECS) == OP_NAMES
+    assert list(specs()) == list(OP_NAMES)
+    for name, spec in specs().items():
+        assert spec.name == name
+
+
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_each_spec_carries_what_the_machinery_needs(name):
+    spec = specs()[name]
+    assert spec.native is not None, "the native backend registers each spec's native kernel"
+    assert spec.output_meta is not None, "kernel results are checked against it"
+    assert spec.shape_call is not None and spec.shape_help, "rlk-core explain builds from it"
+    if spec.backward_kernel:
+        assert spec.grad_meta is not None, "backward kernel results are checked against it"
+
+
+def test_only_an_ops_own_files_name_it():
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        if relative.startswith(OWN_FILES) and relative != "ops/spec.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in OP_NAMES:
+                found.append(f"{relative}:{node.lineno} names op {node.value!r}")
+    assert not found, "\n".join(found)

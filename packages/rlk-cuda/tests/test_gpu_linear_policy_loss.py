@@ -1,0 +1,160 @@
+"""linear_policy_loss on the cuda backend: every path against float64, precision and memory."""
+
+from __future__ import annotations
+
+import pytest
+import rlk
+import torch
+from rlk import reference
+
+pytestmark = pytest.mark.gpu
+
+OPTIONS = {
+    "grpo-k3": {"clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.04, "use_ref": True},
+    "gspo": {"ratio_level": "sequence", "clip_low": 3e-4, "clip_high": 4e-4,
+             "agg": "seq-mean-token-mean"},
+    "tis-seq-sum": {"tis_cap": 2.0, "use_rollout": True, "agg": "seq-mean-token-sum"},
+}
+
+
+def _data(batch: int, length: int, width: int, vocab: int, dtype: torch.dtype, seed: int = 0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def noise(scale: float) -> torch.Tensor:
+        return torch.randn(batch, length, generator=gen, device="cuda") * scale
+
+    hidden = torch.randn(batch, length, width, generator=gen, device="cuda").to(dtype)
+    weight = (torch.randn(vocab, width, generator=gen, device="cuda") * 2 / width**0.5).to(dtype)
+    tokens = torch.randint(0, vocab, (batch, length), generator=gen, device="cuda")
+    logp = torch.cat([
+        reference.linear_logp_entropy(hidden.reshape(-1, width)[i:i + 512], weight,
+                                      tokens.reshape(-1)[i:i + 512])[0]
+        for i in range(0, batch * length, 512)]).view(batch, length).float()
+    lengths = torch.randint(length // 2, length + 1, (batch, 1), generator=gen, device="cuda")
+    return {
+        "hidden": hidden, "weight": weight, "tokens": tokens, "old_logp": logp + noise(0.1),
+        "ref_logp": logp + noise(0.3), "rollout_logp": logp + noise(0.3),
+        "advantages": torch.randn(batch, generator=gen, device="cuda"),
+        "mask": (torch.arange(length, device="cuda") < lengths).float(),
+    }
+
+
+def _options(name: str, data: dict) -> dict:
+    options = dict(OPTIONS[name])
+    if options.pop("use_ref", False):
+        options["ref_logp"] = data["ref_logp"]
+    if options.pop("use_rollout", False):
+        options["rollout_logp"] = data["rollout_logp"]
+    return options
+
+
+def _reference_options(options: dict) -> dict:
+    """Reference keywords: the policy tensors as given, the settings as PolicyLossOptions."""
+    tensors = {k: v for k, v in options.items() if isinstance(v, torch.Tensor)}
+    settings = {k: v for k, v in options.items() if k not in tensors}
+    return dict(tensors, options=rlk.PolicyLossOptions(**settings))
+
+
+def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Norm-wise relative error."""
+    return float((got.double() - want).norm() / want.norm().clamp_min(1e-30))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("chunk_mb", "length", "name", "path"), [
+    (None, 64, "grpo-k3", "sequences"),
+    ("1", 64, "gspo", "sequences"),  # 128-row chunks: two 64-token sequences each
+    ("1", 300, "grpo-k3", "tokens"),  # 128-row chunks inside 300-token sequences
+    ("1", 300, "gspo", "two-pass"),
+    ("1", 64, "tis-seq-sum", "sequences"),
+])
+def test_paths_against_float64(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype,
+                               chunk_mb: str | None, length: int, name: str, path: str) -> None:
+    if chunk_mb is not None:
+        monkeypatch.setenv("RLK_CUDA_CHUNK_MB", chunk_mb)
+    data = _data(4, length, 64, 1300, dtype)
+    options = _options(name, data)
+    args = (data["tokens"], data["old_logp"], data["advantages"], data["mask"])
+    leaves = [t.clone().requires_grad_(True) for t in (data["hidden"], data["weight"])]
+    with rlk.use_backends("cuda", strict=True):
+        plan = rlk.explain("linear_policy_loss", *leaves, *args, entropy_coef=0.01,
+                           temperature=0.9, **options).plan
+        loss, metrics = rlk.linear_policy_loss(*leaves, *args, entropy_coef=0.01,
+                                               temperature=0.9, **options)
+        loss.backward()
+    assert plan.startswith(f"{path}:")
+    f64 = [t.detach().double().requires_grad_(True) for t in (data["hidden"], data["weight"])]
+    want = reference.linear_policy_loss(
+        f64[0].reshape(-1, 64), f64[1], data["tokens"].reshape(-1), old_logp=data["old_logp"],
+        advantages=data["advantages"], mask=data["mask"], temperature=0.9, entropy_coef=0.01,
+        **_reference_options(options))
+    want[0].backward()
+    assert abs(float(loss) - float(want[0])) <= 1e-5 * max(1.0, abs(float(want[0])))
+    assert (metrics["logp"].reshape(-1).double() - want[2]).abs().max() < 1e-4
+    limit = 1e-4 if dtype == torch.float32 else 2e-2  # bf16 gradients: a few roundings
+    assert _relative(leaves[0].grad, f64[0].grad) < limit
+    assert _relative(leaves[1].grad, f64[1].grad) < limit
+
+
+@pytest.mark.parametrize("chunk_mb", [None, "64"])  # one row chunk; eight (bf16 accumulation)
+def test_issue_16_precision_at_a_realistic_shape(monkeypatch: pytest.MonkeyPatch,
+                                                 chunk_mb: str | None) -> None:
+    """Loss within 1e-5 of float64; the gradients' norm-wise error against float64."""
+    if chunk_mb is not None:
+        monkeypatch.setenv("RLK_CUDA_CHUNK_MB", chunk_mb)
+    data = _data(4, 512, 1024, 32768, torch.bfloat16, seed=3)
+    options = _options("grpo-k3", data)
+    args = (data["tokens"], data["old_logp"], data["advantages"], data["mask"])
+    leaves = [t.clone().requires_grad_(True) for t in (data["hidden"], data["weight"])]
+    with rlk.use_backends("cuda", strict=True):
+        loss, _ = rlk.linear_policy_loss(*leaves, *args, **options)
+        loss.backward()
+    f64 = [t.detach().double().requires_grad_(True) for t in (data["hidden"], data["weight"])]
+    want = reference.linear_policy_loss(
+        f64[0].reshape(-1, 1024), f64[1], data["tokens"].reshape(-1),
+        old_logp=data["old_logp"], advantages=data["advantages"], mask=data["mask"],
+        **_reference_options(options))
+    want[0].backward()
+    loss_error = abs(float(loss) - float(want[0])) / abs(float(want[0]))
+    hidden_error = _relative(leaves[0].grad, f64[0].grad)
+    weight_error = _relative(leaves[1].grad, f64[1].grad)
+    print(f"\nchunk budget {chunk_mb or 'default'} MiB: loss rel {loss_error:.2e}, "
+          f"grad_hidden rel {hidden_error:.2e}, grad_weight rel {weight_error:.2e}")
+    assert loss_error < 1e-5
+    # one bf16 rounding of a gradient is 1.1e-3 (norm-wise); the weight gradient adds one
+    # rounding per chunk of its bf16 accumulation
+    assert hidden_error < 3e-3 and weight_error < 6e-3
+
+
+def test_extra_memory_is_the_chunk_buffers_and_the_gradients(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLK_CUDA_CHUNK_MB", "64")
+    data = _data(8, 512, 1024, 50000, torch.bfloat16, seed=4)
+    leaves = [t.clone().requires_grad_(True) for t in (data["hidden"], data["weight"])]
+    args = (data["tokens"], data["old_logp"], data["advantages"], data["mask"])
+    grads_bytes = sum(t.numel() * t.element_size() for t in leaves)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    with rlk.use_backends("cuda", strict=True):
+        loss, _ = rlk.linear_policy_loss(*leaves, *args)
+        grads = torch.autograd.grad(loss, leaves)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before
+    del grads
+    # buffers (64 MiB), the gradients, their scaled copies in the backward, O(N) vectors
+    assert extra < 64 * 2**20 + 2 * grads_bytes + 32 * 2**20, extra
+
+
+def test_no_grad_forward_equals_the_training_forward() -> None:
+    data = _data(2, 128, 64, 5000, torch.bfloat16, seed=5)
+    args = (data["hidden"], data["weight"], data["tokens"], data["old_logp"],
+            data["advantages"], data["mask"])
+    with rlk.use_backends("cuda", strict=True):
+        with torch.no_grad():
+            loss, metrics = rlk.linear_policy_loss(*args)
+        leaves = [t.clone().requires_grad_(True) for t in args[:2]]
+        train_loss, train_metrics = rlk.linear_policy_loss(*leaves, *args[2:])
+    # different kernels (linear_logp's vocabulary chunks, the loop's row chunks), one truth
+    assert abs(float(loss) - float(train_loss)) < 1e-5
+    torch.testing.assert_close(metrics["logp"], train_metrics["logp"], atol=2e-5, rtol=0)

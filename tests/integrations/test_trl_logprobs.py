@@ -19,7 +19,9 @@ trl_utils = require("trl.trainer.utils")
 trl_kernels = require("trl.kernels")
 
 TRL_SELECTIVE_LOG_SOFTMAX = trl_utils.selective_log_softmax
-TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+TRL_LOGP_AND_ENTROPY = trl_utils.selective_log_softmax_and_entropy
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3,
+             torch.float64: 1e-12}
 
 
 def reference_logp(logits: torch.Tensor, index: torch.Tensor, temperature: float = 1.0):
@@ -54,10 +56,38 @@ def test_selective_log_softmax_row_mask_zeroes_value_and_gradient() -> None:
     assert bool((got[~row_mask] == 0).all()) and bool((got_grad[~row_mask] == 0).all())
 
 
-def test_selective_log_softmax_k_gathers_are_refused() -> None:
-    logits = torch.randn(2, 3, 11)
-    with pytest.raises(UnsupportedOptionError, match="K=4"):
-        rlk_trl.selective_log_softmax(logits, torch.zeros(2, 3, 4, dtype=torch.int64))
+@pytest.mark.parametrize("masked", [False, True], ids=["all", "row_mask"])
+def test_selective_log_softmax_gathers_k_tokens_a_position(masked: bool) -> None:
+    """An index [..., K] gathers K log-probs a position (TRL's top-K use), row_mask alike."""
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(2, 3, 11, generator=gen, requires_grad=True)
+    index = torch.randint(0, 11, (2, 3, 4), generator=gen)
+    row_mask = (torch.rand(2, 3, 4, generator=gen) > 0.3) if masked else None
+    expected = TRL_SELECTIVE_LOG_SOFTMAX(logits, index, temperature=0.8, row_mask=row_mask)
+    (expected_grad,) = torch.autograd.grad(expected.sum(), logits)
+    got = rlk_trl.selective_log_softmax(logits, index, temperature=0.8, row_mask=row_mask)
+    (got_grad,) = torch.autograd.grad(got.sum(), logits)
+    assert got.shape == index.shape
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_grad, expected_grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("entropy_requires_grad", [True, False])
+@pytest.mark.parametrize("masked", [False, True], ids=["all", "row_mask"])
+def test_selective_log_softmax_and_entropy(entropy_requires_grad: bool, masked: bool) -> None:
+    gen = torch.Generator().manual_seed(5)
+    logits = (torch.randn(3, 7, 29, generator=gen) * 2).requires_grad_(True)
+    index = torch.randint(0, 29, (3, 7), generator=gen)
+    row_mask = (torch.rand(3, 7, generator=gen) > 0.3) if masked else None
+    results = []
+    for function in (TRL_LOGP_AND_ENTROPY, rlk_trl.selective_log_softmax_and_entropy):
+        logp, entropy = function(logits, index, entropy_requires_grad=entropy_requires_grad,
+                                 temperature=0.7, row_mask=row_mask)
+        loss = logp.sum() + (0.5 * entropy.sum() if entropy.requires_grad else 0.0)
+        results.append((logp, entropy, *torch.autograd.grad(loss, logits)))
+    for got, expected in zip(results[1], results[0], strict=True):
+        assert got.dtype == expected.dtype and got.requires_grad == expected.requires_grad
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("shape", [(768,), (32, 768), (8, 16, 768), (2, 4, 8, 768)])

@@ -150,6 +150,14 @@ def _negative_log_ratio(old_log_prob: Tensor, log_prob: Tensor, mask: Tensor,
     return float((values * keep).sum() / keep.sum().clamp(min=1.0))
 
 
+def _clamped_metrics(old_log_prob: Tensor, log_prob: Tensor, mask: Tensor,
+                     clip_fraction: float, lower_fraction: float) -> dict[str, float]:
+    """verl's metrics for the losses that clamp the log ratio to ±20 (vanilla, sapo, cispo)."""
+    return {"actor/pg_clipfrac": clip_fraction,
+            "actor/ppo_kl": _negative_log_ratio(old_log_prob, log_prob, mask, LOG_RATIO_BOUND),
+            "actor/pg_clipfrac_lower": lower_fraction}
+
+
 def compute_policy_loss_vanilla(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor,
                                 response_mask: Tensor, loss_agg_mode: str = "token-mean",
                                 config: Any = None, rollout_is_weights: Tensor | None = None,
@@ -159,12 +167,9 @@ def compute_policy_loss_vanilla(old_log_prob: Tensor, log_prob: Tensor, advantag
         old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
         rollout_is_weights, **_clip_range(config), dual_clip=_setting(config, "clip_ratio_c", 3.0),
         log_ratio_min=-LOG_RATIO_BOUND, log_ratio_max=LOG_RATIO_BOUND)
-    return loss, {
-        "actor/pg_clipfrac": metrics["clip_fraction"].item(),
-        "actor/ppo_kl": _negative_log_ratio(old_log_prob, log_prob, response_mask,
-                                            LOG_RATIO_BOUND),
-        "actor/pg_clipfrac_lower": metrics["dual_clip_fraction"].item(),
-    }
+    return loss, _clamped_metrics(old_log_prob, log_prob, response_mask,
+                                  metrics["clip_fraction"].item(),
+                                  metrics["dual_clip_fraction"].item())
 
 
 def compute_policy_loss_gspo(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor,
@@ -194,10 +199,7 @@ def compute_policy_loss_sapo(old_log_prob: Tensor, log_prob: Tensor, advantages:
                            sapo_temperature_pos=_setting(config, "tau_pos"),
                            sapo_temperature_neg=_setting(config, "tau_neg"),
                            log_ratio_min=-LOG_RATIO_BOUND, log_ratio_max=LOG_RATIO_BOUND)
-    return loss, {"actor/pg_clipfrac": 0.0,
-                  "actor/ppo_kl": _negative_log_ratio(old_log_prob, log_prob, response_mask,
-                                                      LOG_RATIO_BOUND),
-                  "actor/pg_clipfrac_lower": 0.0}
+    return loss, _clamped_metrics(old_log_prob, log_prob, response_mask, 0.0, 0.0)
 
 
 def compute_policy_loss_cispo(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor,
@@ -209,10 +211,8 @@ def compute_policy_loss_cispo(old_log_prob: Tensor, log_prob: Tensor, advantages
                                  loss_agg_mode, config, rollout_is_weights, objective="cispo",
                                  **_clip_range(config), log_ratio_min=-LOG_RATIO_BOUND,
                                  log_ratio_max=LOG_RATIO_BOUND)
-    return loss, {"actor/pg_clipfrac": metrics["clip_fraction"].item(),
-                  "actor/ppo_kl": _negative_log_ratio(old_log_prob, log_prob, response_mask,
-                                                      LOG_RATIO_BOUND),
-                  "actor/pg_clipfrac_lower": 0.0}
+    return loss, _clamped_metrics(old_log_prob, log_prob, response_mask,
+                                  metrics["clip_fraction"].item(), 0.0)
 
 
 def compute_policy_loss_gpg(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor,

@@ -227,3 +227,13 @@ def test_checked_mode_skips_meta_tensors_and_compilation(fresh_rlk):
     real_tokens[0] = 10
     with pytest.raises(ValueError, match=r"tokens\[0\] = 10"):
         loss(logits, per_row)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_results_do_not_depend_on_the_logits_strides(temperature):
+    """sample's logp is rlk.logp bit for bit, whatever the layout of the logits it was given."""
+    logits = torch.randn(6, 37, generator=GEN) * 3
+    tokens = torch.randint(0, 37, (6,), generator=GEN)
+    strided = logits.t().contiguous().t()
+    assert torch.equal(rlk.logp_entropy(strided, tokens, temperature=temperature)[0],
+                       rlk.logp_entropy(logits, tokens, temperature=temperature)[0])

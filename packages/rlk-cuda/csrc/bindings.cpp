@@ -61,7 +61,10 @@ NB_MODULE(_C, m) {
                              nseg, ptr<float>(partial)};
           void* s = reinterpret_cast<void*>(stream);
           check(tma ? rlk::logp_forward_tma(a, s) : rlk::logp_forward(a, s));
-        });
+        },
+        nb::kw_only(), "device"_a, "stream"_a, "logits"_a, "dtype"_a, "M"_a, "V"_a, "row_stride"_a,
+        "tokens"_a, "rows"_a, "R"_a, "temperature"_a, "temp_rows"_a, "ignore_index"_a, "logp"_a,
+        "logp_stride"_a, "entropy"_a, "lse"_a, "stats"_a, "nseg"_a, "partial"_a, "tma"_a);
 
   m.def("logp_forward_segments", &rlk::logp_forward_segments,
         "Row segments the forward uses for vocabulary size V (scratch: R * segments * 3 floats)");
@@ -89,7 +92,11 @@ NB_MODULE(_C, m) {
                              ptr<const float>(entropy), temperature, ptr<const float>(temp_rows),
                              ignore_index, col_offset, vocab_total};
           check(rlk::logp_backward(a, reinterpret_cast<void*>(stream)));
-        });
+        },
+        nb::kw_only(), "device"_a, "stream"_a, "logits"_a, "dtype"_a, "M"_a, "V"_a, "row_stride"_a,
+        "grad"_a, "grad_dtype"_a, "grad_row_stride"_a, "tokens"_a, "g_logp"_a, "g_ent"_a, "lse"_a,
+        "entropy"_a, "temperature"_a, "temp_rows"_a, "ignore_index"_a, "col_offset"_a,
+        "vocab_total"_a);
 
   // linear_logp forward over vocabulary chunks; phase 0 = one chunk's partials, 1 = merge.
   m.def("logp_cols",
@@ -116,7 +123,11 @@ NB_MODULE(_C, m) {
                               ptr<float>(entropy), ptr<double>(lse)};
           void* s = reinterpret_cast<void*>(stream);
           check(phase == 0 ? rlk::logp_cols_partial(a, s) : rlk::logp_cols_merge(a, s));
-        });
+        },
+        nb::kw_only(), "phase"_a, "device"_a, "stream"_a, "logits"_a, "dtype"_a, "N"_a, "C"_a,
+        "row_stride"_a, "col_offset"_a, "vocab_total"_a, "tokens"_a, "temperature"_a, "temp_rows"_a,
+        "ignore_index"_a, "chunk"_a, "nchunks"_a, "partial"_a, "tok_logit"_a, "logp"_a, "entropy"_a,
+        "lse"_a);
 
   // Soft cap of a float32 logits chunk in place (grad 0), or its chain rule into grad.
   m.def("soft_cap",
@@ -128,7 +139,9 @@ NB_MODULE(_C, m) {
           rlk::SoftCapArgs a{ptr<float>(logits), N, C, row_stride, softcap, ptr<void>(grad),
                              grad_dtype, grad_row_stride};
           check(rlk::soft_cap(a, reinterpret_cast<void*>(stream)));
-        });
+        },
+        nb::kw_only(), "device"_a, "stream"_a, "logits"_a, "N"_a, "C"_a, "row_stride"_a,
+        "softcap"_a, "grad"_a, "grad_dtype"_a, "grad_row_stride"_a);
 
   m.attr("GROUP_ADVANTAGES_CHUNK") = rlk::kGroupAdvChunk;
   m.def(
@@ -177,7 +190,10 @@ NB_MODULE(_C, m) {
                             top_p, min_p, ptr<const int64_t>(seeds), ptr<const float>(stats),
                             ptr<int64_t>(tokens), ptr<float>(logp), ptr<float>(processed_logp)};
           check(rlk::sample(a, reinterpret_cast<void*>(stream)));
-        });
+        },
+        nb::kw_only(), "device"_a, "stream"_a, "logits"_a, "dtype"_a, "B"_a, "V"_a, "row_stride"_a,
+        "temperature"_a, "top_k"_a, "top_p"_a, "min_p"_a, "seeds"_a, "stats"_a, "tokens"_a,
+        "logp"_a, "processed_logp"_a);
 
   // policy_loss: the options as a settings struct (built once per options object), the
   // tensors as (pointer, element type) pairs; every argument by name.

@@ -193,12 +193,19 @@ def test_policy_loss_settings_struct_takes_every_option_by_name() -> None:
         s.clip_ratio = 0.2  # a misspelt field raises instead of being ignored
 
 
-def test_policy_loss_binding_takes_arguments_by_name_only() -> None:
-    ext = _ext.load()
+@pytest.mark.parametrize("name", ["logp_forward", "logp_backward", "logp_cols", "soft_cap",
+                                  "sample", "group_advantages", "policy_loss"])
+def test_every_kernel_binding_takes_arguments_by_name_only(name: str) -> None:
+    """Raw pointers and sizes in the wrong order would corrupt memory: positions are refused,
+    and so is a misspelt name, before anything reaches a kernel."""
+    launch = getattr(_ext.load(), name)
+    signature = launch.__doc__.split("\n")[0]
+    assert "(*, " in signature, signature  # every parameter after the keyword-only marker
+    arguments = signature.split("(*, ")[1].split(")")[0].split(", ")
     with pytest.raises(TypeError):
-        ext.policy_loss(False, 0, 0)  # positional: refused, whatever the order
+        launch(*[0] * len(arguments))  # the right count, by position
     with pytest.raises(TypeError):
-        ext.group_advantages(0, 0, 0, 0, 0, 0, 0, 0, False, False, False, 1e-6, 0, 0, 0)
+        launch(**{name.split(":")[0]: 0 for name in arguments[1:]}, strem=0)
 
 
 @no_cuda

@@ -79,7 +79,7 @@ def logp_entropy_grad(
 
     Computed by autograd over the float64 reference, for finite rows with valid tokens.
     """
-    x = logits.to(torch.float64).requires_grad_(True)
+    x = logits.detach().to(torch.float64).requires_grad_(True)  # never the caller's tensor
     logp, entropy = logp_entropy(x, tokens, temperature=temperature, ignore_index=ignore_index)
     total = (logp * grad_logp.to(torch.float64)).sum()
     if grad_entropy is not None:

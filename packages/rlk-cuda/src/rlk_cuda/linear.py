@@ -26,7 +26,7 @@ from rlk.backend import lm_head, shards
 from torch import Tensor
 
 from . import _ext
-from ._launch import device_of, dtype_code, f32_empty, ptr, stream
+from ._launch import DTYPE_CODES, device_of, dtype_code, f32_empty, ptr, stream
 from .logp import launch_backward
 
 Temperature = float | Tensor
@@ -71,9 +71,16 @@ def soft_cap(logits: Tensor, softcap: float | None, grad: Tensor | None = None) 
         return
     device = device_of("logits", logits)
     _ext.load().soft_cap(
-        device, stream(device), ptr(logits), logits.shape[0], logits.shape[1], logits.stride(0),
-        float(softcap), ptr(grad), 0 if grad is None else dtype_code("grad", grad),
-        0 if grad is None else grad.stride(0),
+        device=device,
+        stream=stream(device),
+        logits=ptr(logits),
+        N=logits.shape[0],
+        C=logits.shape[1],
+        row_stride=logits.stride(0),
+        softcap=float(softcap),
+        grad=ptr(grad),
+        grad_dtype=0 if grad is None else dtype_code("grad", grad),
+        grad_row_stride=0 if grad is None else grad.stride(0),
     )
 
 
@@ -151,27 +158,27 @@ def _shard_forward(
     def cols(phase: int, logits: Tensor | None, start: int, chunk: int) -> None:
         width_here = 0 if logits is None else logits.shape[1]
         ext.logp_cols(
-            phase,
-            index,
-            stream(index),
-            ptr(logits),
-            0,  # float32 logits
-            num,
-            width_here,
-            0 if logits is None else logits.stride(0),
-            start,
-            vocab,
-            ptr(tokens),
-            temp_value,
-            ptr(temp),
-            int(ignore_index),
-            chunk,
-            nchunks,
-            ptr(partial),
-            ptr(tok_logit),
-            ptr(logp),
-            ptr(entropy),
-            ptr(lse),
+            phase=phase,
+            device=index,
+            stream=stream(index),
+            logits=ptr(logits),
+            dtype=DTYPE_CODES[torch.float32],  # the chunks are float32 logits
+            N=num,
+            C=width_here,
+            row_stride=0 if logits is None else logits.stride(0),
+            col_offset=start,
+            vocab_total=vocab,
+            tokens=ptr(tokens),
+            temperature=temp_value,
+            temp_rows=ptr(temp),
+            ignore_index=int(ignore_index),
+            chunk=chunk,
+            nchunks=nchunks,
+            partial=ptr(partial),
+            tok_logit=ptr(tok_logit),
+            logp=ptr(logp),
+            entropy=ptr(entropy),
+            lse=ptr(lse),
         )
 
     for chunk, start in enumerate(range(0, vocab, width)):

@@ -6,6 +6,7 @@ is float64: the backward's log-probabilities t_j = x_j / T - lse need more than 
 float32's spacing at lse. Each row splits the float64 lse into a pivot c (lse * T in the
 compute dtype, close to the row's largest logit) and the small rest d = lse - c / T, and
 computes t_j = (x_j - c) / T - d, so the subtraction that decides 1 - p_top is exact.
+The forward's statistics keep the same precision (see _row_stats).
 """
 
 from __future__ import annotations
@@ -66,6 +67,15 @@ def _divide(x: Tensor, temperature: Temperature) -> Tensor:
     return x
 
 
+def _shifted(chunk: Tensor, shift: Tensor) -> Tensor:
+    """chunk - shift as a fresh contiguous tensor of shift's dtype, in one pass: a row's
+    bits must not depend on the strides of the logits it came from."""
+    out = torch.empty(chunk.shape, dtype=shift.dtype, device=chunk.device)
+    if chunk.dtype == shift.dtype:
+        return torch.sub(chunk, shift, out=out)
+    return out.copy_(chunk).sub_(shift)  # torch's mixed-dtype sub is the slower path
+
+
 def _over_temperature(values: Tensor, temperature: Temperature) -> Tensor:
     """values / T in float64, per row ([rows] values, T a float or a [rows, 1] column)."""
     wide = values.to(torch.float64)
@@ -74,30 +84,47 @@ def _over_temperature(values: Tensor, temperature: Temperature) -> Tensor:
     return wide / temperature
 
 
-def _log_softmax(chunk: Tensor, temperature: Temperature,
-                 dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """Log-probabilities of chunk / T (in `dtype`) and each row's float64 log-sum-exp.
+@dataclass(frozen=True)
+class _RowStats:
+    """A chunk's log-probabilities at the asked columns (compute dtype), and each row's
+    float64 log-sum-exp and entropy."""
 
-    Dividing by T < 1 can overflow, so those chunks first subtract each row's largest
-    logit (softmax does not change); with T = 1 torch reads the chunk as it is.
+    log_probs: Tensor
+    lse: Tensor
+    entropy: Tensor | None
+
+
+def _row_stats(chunk: Tensor, temperature: Temperature, dtype: torch.dtype, columns: Tensor,
+               with_entropy: bool) -> _RowStats:
+    """Softmax statistics of chunk / T, exact to the compute dtype where one token dominates.
+
+    Each row's largest logit is subtracted first (dividing by T < 1 cannot overflow then),
+    so its largest entry is 0 and its exponential exactly 1. The sum leaves that 1 out and
+    takes log1p of the rest: a sum 1 + rest in the compute dtype loses every term below its
+    spacing at 1, which is all of a confident prediction's tail over a large vocabulary
+    (torch's log_softmax does).
     """
-    shift = None
-    if not isinstance(temperature, Tensor) and temperature == 1.0:
-        x = chunk
-    elif isinstance(temperature, Tensor) or temperature < 1.0:
-        top = chunk.amax(dim=1, keepdim=True).to(dtype)
-        shift = torch.where(torch.isfinite(top), top, 0.0)
-        x = _divide(torch.sub(chunk, shift), temperature)  # a fresh tensor of `dtype`
-    else:
-        x = _divide(chunk.to(dtype, copy=True), temperature)
-    log_probs = torch.log_softmax(x, dim=1, dtype=dtype)
-    x_top = x.amax(dim=1).to(torch.float64)
-    lse = x_top - log_probs.amax(dim=1).to(torch.float64)
+    values, top_column = chunk.max(dim=1, keepdim=True)
+    top = values.to(dtype)
+    finite = torch.isfinite(top)
+    shift = torch.where(finite, top, 0.0)
+    x = _divide(_shifted(chunk, shift), temperature)
+    picked = x.gather(1, columns)
+    exps = x.exp() if with_entropy else x.exp_()
+    rest = exps.scatter_(1, top_column, 0.0).sum(dim=1, keepdim=True)
+    log_sum = torch.log1p(rest)
+    entropy = None
+    if with_entropy:  # H = log_sum - sum_j p_j x_j with p_j = exp_j / (1 + rest)
+        vanished = exps == 0  # exp * x is 0 there, also where x = -inf
+        weighted = exps.mul_(x).masked_fill_(vanished, 0.0).sum(dim=1, keepdim=True)
+        entropy = (log_sum - weighted / (1.0 + rest)).squeeze(1)
+    # each row's largest x is 0, or its non-finite top / T (no shift then)
+    x_top = _over_temperature(torch.where(finite, 0.0, top).squeeze(1), temperature)
+    lse = x_top + log_sum.squeeze(1).to(torch.float64)
     # an all -inf row has logsumexp -inf (vocabulary shards rely on it), not NaN
     lse = torch.where(x_top == -math.inf, x_top, lse)
-    if shift is not None:
-        lse += _over_temperature(shift.squeeze(1), temperature)
-    return log_probs, lse
+    lse += _over_temperature(shift.squeeze(1), temperature)
+    return _RowStats(picked.sub_(log_sum), lse, entropy)
 
 
 def _log_probs(chunk: Tensor, temperature: Temperature, lse: Tensor,
@@ -107,13 +134,7 @@ def _log_probs(chunk: Tensor, temperature: Temperature, lse: Tensor,
     scale = temperature.to(torch.float64) if isinstance(temperature, Tensor) else temperature
     pivot = (wide * scale).to(dtype)
     rest = (wide - pivot.to(torch.float64) / scale).to(dtype)
-    return _divide(torch.sub(chunk, pivot), temperature).sub_(rest)
-
-
-def _entropy(log_probs: Tensor) -> Tensor:
-    # p * log p is 0 where p == 0 (log p == -inf would give 0 * -inf = NaN)
-    plogp = log_probs.exp().mul_(log_probs).masked_fill_(log_probs == -math.inf, 0.0)
-    return -plogp.sum(dim=1)
+    return _divide(_shifted(chunk, pivot), temperature).sub_(rest)
 
 
 def _columns(tokens: Tensor) -> Tensor:
@@ -147,19 +168,20 @@ def forward(logits: Tensor, tokens: Tensor, temperature: Temperature, ignore_ind
                 result.fill_(math.nan)
         return logp, entropy, lse
     for chunk in _chunks(total, num_rows, vocab, rows, dtype):
-        log_probs, chunk_lse = _log_softmax(chunk.take(logits), chunk.temperature(temperature),
-                                            dtype)
-        if chunk.lost is not None:
-            chunk_lse.masked_fill_(chunk.lost, math.nan)
         tok = _columns(chunk.take(tokens))
         valid, safe = _in_vocab(tok, vocab)
+        stats = _row_stats(chunk.take(logits), chunk.temperature(temperature), dtype, safe,
+                           entropy is not None)
+        chunk_lse = stats.lse
+        if chunk.lost is not None:
+            chunk_lse.masked_fill_(chunk.lost, math.nan)
         usable = valid & torch.isfinite(chunk_lse).unsqueeze(1)
-        picked = torch.where(usable, log_probs.gather(1, safe), math.nan)
+        picked = torch.where(usable, stats.log_probs, math.nan)
         ignored = tok == ignore_index
         logp_rows[chunk.start:chunk.stop] = picked.masked_fill_(ignored, 0.0)
         lse[chunk.start:chunk.stop] = chunk_lse
-        if entropy is not None:
-            ent = torch.where(torch.isfinite(chunk_lse), _entropy(log_probs), math.nan)
+        if entropy is not None and stats.entropy is not None:
+            ent = torch.where(torch.isfinite(chunk_lse), stats.entropy, math.nan)
             entropy[chunk.start:chunk.stop] = ent.masked_fill_(ignored.all(dim=1), 0.0)
     return logp, entropy, lse
 

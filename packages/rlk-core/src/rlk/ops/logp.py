@@ -406,6 +406,8 @@ def _samples(with_entropy: bool):
         yield sample
         yield dominant("dominant-token", 8, 300, level=60.0, margin=9.0)
         yield dominant("dominant-token-wide", 3, 5000, level=40.0, margin=12.0)
+        # every other term below float32's spacing at 1: a sum 1 + tail loses the tail
+        yield dominant("dominant-token-large-vocab", 2, 65536, level=40.0, margin=17.0)
         yield dominant("dominant-token-cold", 8, 64, level=2.0, margin=1.0, temperature=0.125)
         sample = dominant("dominant-token-per-row-temperature", 6, 96, level=20.0, margin=2.0)
         sample.args["temperature"] = torch.tensor([0.25, 0.5, 0.125, 1.0, 0.3, 0.2],

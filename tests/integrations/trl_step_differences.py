@@ -22,9 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from integrations import test_trl  # noqa: E402
-
-from rlk.integrations import trl as rlk_trl  # noqa: E402
+from integrations import test_trl
+from rlk.integrations import trl as rlk_trl
 
 COLUMNS = ("loss", "kl", "grad_norm", "grads")
 

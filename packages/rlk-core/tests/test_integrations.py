@@ -12,7 +12,9 @@ import sys
 import types
 
 import pytest
+import torch
 
+import rlk
 from rlk.integrations import UnsupportedVersionError, _patching, trl, verl
 
 
@@ -119,3 +121,73 @@ def test_a_failing_install_undoes_its_swaps(fake_framework, monkeypatch: pytest.
         adapter.patch()
     assert not adapter.is_patched()
     assert fake_framework.utils.f is fake_framework.importer.f is fake_framework.original
+
+
+def _head_batch(seed: int = 0) -> dict:
+    """A shifted [B, L - 1] batch whose last T positions are completions, some unlabelled."""
+    gen = torch.Generator().manual_seed(seed)
+    batch, positions, length, width, vocab = 3, 6, 4, 8, 11
+    labelled = torch.rand(batch, length, generator=gen) > 0.3
+    labelled[:, 0] = True
+    completion = torch.randint(0, vocab, (batch, length), generator=gen)
+    every_label = torch.zeros(batch, positions, dtype=torch.int64)  # TRL's clamp(min=0)
+    every_label[:, -length:] = torch.where(labelled, completion, 0)
+    mask = labelled & (torch.rand(batch, length, generator=gen) > 0.2)  # a tool mask too
+    policy = dict(old_logp=-2.0 - torch.rand(batch, length, generator=gen), mask=mask,
+                  advantages=torch.randn(batch, generator=gen),
+                  options=rlk.PolicyLossOptions(agg="seq-mean-token-mean", clip_high=0.28))
+    return dict(hidden=torch.randn(batch, positions, width, generator=gen, requires_grad=True),
+                weight=torch.randn(vocab, width, generator=gen) * 0.5, labelled=labelled,
+                completion=completion, every_label=every_label, policy=policy,
+                head=dict(bias=None, temperature=0.9, softcap=None, logit_scale=1.0))
+
+
+def _fused(x: dict) -> trl._FusedLoss:
+    batch, positions, _ = x["hidden"].shape
+    return trl._FusedLoss(tokens=x["completion"], labelled=x["labelled"],
+                          positions=batch * positions, policy=x["policy"])
+
+
+def test_the_fused_loss_reads_either_layout_of_trls_head() -> None:
+    """TRL's head scores every shifted position (CPU) or the labelled ones only (Triton
+    devices); both place the same completion rows, and the head gets its log-probs back
+    in its own layout."""
+    x = _head_batch()
+    hidden, length = x["hidden"], x["completion"].shape[1]
+    every = _fused(x)
+    every_logp = every.run(hidden.reshape(-1, hidden.shape[-1]), x["weight"],
+                           x["every_label"].reshape(-1), x["head"])
+    labelled = _fused(x)
+    labelled_logp = labelled.run(hidden[:, -length:][x["labelled"]], x["weight"],
+                                 x["completion"][x["labelled"]], x["head"])
+    assert every.result is not None and labelled.result is not None
+    (every_grad,) = torch.autograd.grad(every.result[0], hidden)
+    (labelled_grad,) = torch.autograd.grad(labelled.result[0], hidden)
+    rows = hidden[:, -length:]
+    logp = rlk.linear_logp(rows, x["weight"], x["completion"], temperature=0.9)
+    want, _ = rlk.policy_loss(logp, **x["policy"])
+    (want_grad,) = torch.autograd.grad(want, hidden)
+    for loss, grad in ((every.result[0], every_grad), (labelled.result[0], labelled_grad)):
+        torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(grad, want_grad, rtol=1e-5, atol=1e-6)
+    placed = every_logp.view(hidden.shape[:2])
+    assert bool((placed[:, :-length] == 0).all())
+    mask = x["policy"]["mask"]
+    torch.testing.assert_close(placed[:, -length:][mask], logp.detach()[mask])
+    torch.testing.assert_close(labelled_logp, placed[:, -length:][x["labelled"]])
+
+
+def test_the_fused_loss_refuses_what_it_cannot_place() -> None:
+    x = _head_batch()
+    hidden, length = x["hidden"].detach(), x["completion"].shape[1]
+    with pytest.raises(RuntimeError, match="scored 5 rows"):
+        _fused(x).run(hidden.reshape(-1, hidden.shape[-1])[:5], x["weight"],
+                      x["every_label"].reshape(-1)[:5], x["head"])
+    with pytest.raises(RuntimeError, match="other tokens"):
+        _fused(x).run(hidden.reshape(-1, hidden.shape[-1]), x["weight"],
+                      (x["every_label"] + 1).reshape(-1), x["head"])
+    once = _fused(x)
+    rows = hidden[:, -length:][x["labelled"]]
+    once.run(rows, x["weight"], x["completion"][x["labelled"]], x["head"])
+    with pytest.raises(RuntimeError, match="ran twice"):
+        once.run(rows, x["weight"], x["completion"][x["labelled"]], x["head"])

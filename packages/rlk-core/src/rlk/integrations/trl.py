@@ -236,7 +236,8 @@ class _FusedLoss:
 
     def run(self, hidden: Tensor, weight: Tensor, targets: Tensor,
             head: Mapping[str, Any]) -> Tensor:
-        """Compute the loss; return the head's per-row log-probs (detached) as TRL lays them."""
+        """Compute the loss; return the per-row log-probs (detached, 0 where the loss mask
+        is) in the layout TRL's head returns them."""
         if self.result is not None:
             raise RuntimeError("TRL's fused LM head ran twice in one loss step; the fused "
                                "loss expects one call (set FUSE_HEAD_AND_LOSS = False)")

@@ -12,7 +12,8 @@ import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "tests", "docs", "build-cuda", "build-rocm", "bench", "vllm"]
+nox.options.sessions = ["lint", "tests", "docs", "build-cuda", "build-rocm", "bench", "vllm",
+                        "integrations"]
 
 TORCH = os.environ.get("RLK_TORCH", "torch==2.13.0")
 CORE = "packages/rlk-core"
@@ -92,6 +93,28 @@ def vllm(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "--pyargs", "rlk.testing", "--rlk-backend", "vllm",
                 "-q", "--noconftest", env=env)
     session.run("python", "examples/grpo_vllm.py", "--check", env=env)
+
+
+# The framework versions rlk.integrations is tested with (the adapters' SUPPORTED ranges).
+TRL = ["trl==1.16.0", "transformers==5.24.0"]
+# verl's loss and advantage modules import with these alone; its heavy dependencies
+# (vLLM, flash-attn, Megatron, its own transformers pin) stay out: --no-deps.
+VERL = "verl==0.9.1"
+VERL_IMPORTS = ["ray", "tensordict==0.10.0", "omegaconf", "codetiming", "orjson", "numpy"]
+
+
+@nox.session
+def integrations(session: nox.Session) -> None:
+    """rlk.integrations against the real TRL (GRPOTrainer on CPU) and verl, then the example."""
+    _install_core(session, "[dev]")
+    session.install("-e", TEST_BACKEND, *TRL)  # tests/conftest.py imports the test backend
+    session.install("--no-deps", VERL)
+    session.install(*VERL_IMPORTS)
+    # one torch thread: these models are tiny, and on a shared 2-core machine more threads
+    # slow them tenfold
+    env = {**STRICT_ENV, "RLK_INTEGRATIONS": "1", "OMP_NUM_THREADS": "1"}
+    session.run("python", "-m", "pytest", "tests/integrations", "-q", *session.posargs, env=env)
+    session.run("python", "examples/grpo_trl.py", "--check", env=env)
 
 
 @nox.session(name="build-cuda")

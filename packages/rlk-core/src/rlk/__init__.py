@@ -22,6 +22,7 @@ from rlk.ops.logp import logp, logp_entropy
 from rlk.ops.policy_loss import policy_loss
 from rlk.ops.policy_loss_options import PolicyLossOptions
 from rlk.ops.sample import Sampled, sample
+from rlk.ops.token_kl import token_kl
 from rlk.version import __version__
 
 __all__ = [
@@ -48,5 +49,6 @@ __all__ = [
     "logp_entropy",
     "policy_loss",
     "sample",
+    "token_kl",
     "use_backends",
 ]

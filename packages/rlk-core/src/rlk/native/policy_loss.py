@@ -263,6 +263,18 @@ def _kl(delta: Tensor, ratio: Tensor, o: PolicyLossOptions) -> tuple[Tensor, Ten
     return value * ratio, slope * ratio, value * ratio
 
 
+def token_kl_and_grad(logp: Tensor, ref_logp: Tensor,
+                      options: PolicyLossOptions) -> tuple[Tensor, Tensor]:
+    """Each token's KL estimate (kl_estimator, kl_clamp) and its derivative d / d logp:
+    the KL term policy_loss adds before kl_coef, without bias correction (what
+    rlk.token_kl returns). Computed in the inputs' dtype."""
+    if options.kl_bias_correction:
+        raise ValueError("kl_bias_correction multiplies the KL by the policy ratio, which "
+                         "needs old_logp: use policy_loss")
+    value, slope, _ = _kl(logp - ref_logp, logp, options)  # the ratio is read only for it
+    return value, slope
+
+
 # ---------------------------------------------------------------------------
 # token-level options on a chunk of tokens (what linear_policy_loss builds on)
 
@@ -384,4 +396,5 @@ def backward(grad_loss: Tensor, logp: Tensor, old_logp: Tensor, advantages: Tens
 
 
 __all__ = ["METRICS", "TokenLoss", "TokenTerms", "aggregation_weights", "backward", "forward",
-           "importance_weight", "sequence_statistics", "token_loss_and_grad", "token_terms"]
+           "importance_weight", "sequence_statistics", "token_kl_and_grad", "token_loss_and_grad",
+           "token_terms"]

@@ -1,0 +1,163 @@
+"""Swapping a framework's functions for rlk's, and putting them back.
+
+A framework module often imports a helper by name (`from .utils import f`), so a
+helper lives in several module namespaces: `Patches.swap_everywhere` replaces every
+binding of the original object under the framework's package, and `restore` undoes
+each swap, including bindings made while the patch was active.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import re
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+
+class UnsupportedOptionError(ValueError):
+    """A framework option (or value) that rlk cannot express exactly."""
+
+
+class UnsupportedVersionError(RuntimeError):
+    """The installed framework is outside the version range the adapter was tested with."""
+
+
+Version = tuple[int, ...]
+
+
+def release(version: str) -> Version:
+    """The numeric release of a version string: "1.16.0.dev0" -> (1, 16, 0)."""
+    found = re.match(r"\d+(?:\.\d+)*", version)
+    if found is None:
+        raise UnsupportedVersionError(f"cannot read the version {version!r}")
+    return tuple(int(part) for part in found.group(0).split("."))
+
+
+def check_version(distribution: str, low: Version, high: Version, tested: str) -> str:
+    """The installed version of `distribution`, which must satisfy low <= version < high."""
+    try:
+        installed = importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise ImportError(f"{distribution} is not installed") from None
+    if not low <= release(installed) < high:
+        span = f">={'.'.join(map(str, low))},<{'.'.join(map(str, high))}"
+        raise UnsupportedVersionError(
+            f"rlk's {distribution} adapter supports {distribution}{span} (tested with "
+            f"{tested}); found {distribution} {installed}. Install a version in that range "
+            f"or leave the framework unpatched.")
+    return installed
+
+
+@dataclass
+class _Swap:
+    owner: Any  # a module or class (attribute `name`) or a registry dict (key `name`)
+    name: str
+    original: Any
+    replacement: Any
+
+    def put(self, value: Any) -> None:
+        if isinstance(self.owner, dict):
+            self.owner[self.name] = value
+        else:
+            setattr(self.owner, self.name, value)
+
+
+class Patches:
+    """The attribute swaps one `patch()` made, undone by `restore()` in reverse order."""
+
+    def __init__(self, package: str):
+        self.package = package
+        self._swaps: list[_Swap] = []
+
+    def swap(self, owner: Any, name: str, replacement: Any) -> None:
+        """Replace `owner.name`, keeping the raw attribute (a staticmethod stays one)."""
+        self._record(_Swap(owner, name, vars(owner)[name], replacement))
+
+    def swap_entry(self, registry: dict[str, Any], key: str, replacement: Any) -> None:
+        """Replace one entry of a framework's name -> function registry."""
+        self._record(_Swap(registry, key, registry[key], replacement))
+
+    def _record(self, swap: _Swap) -> None:
+        self._swaps.append(swap)
+        swap.put(swap.replacement)
+
+    def swap_everywhere(self, home: Any, name: str, replacement: Any) -> None:
+        """Replace `home.name` and every binding of the same object in the package's modules."""
+        original = getattr(home, name)
+        for module in self._modules():
+            if vars(module).get(name) is original:
+                self.swap(module, name, replacement)
+
+    def restore(self) -> None:
+        for swap in reversed(self._swaps):
+            swap.put(swap.original)
+            if swap.owner is sys.modules.get(getattr(swap.owner, "__name__", "")):
+                self._rebind_late_imports(swap)
+        self._swaps.clear()
+
+    def _rebind_late_imports(self, swap: _Swap) -> None:
+        # a module imported while the patch was active bound the replacement by name
+        for module in self._modules():
+            if vars(module).get(swap.name) is swap.replacement:
+                setattr(module, swap.name, swap.original)
+
+    def _modules(self) -> list[Any]:
+        prefix = self.package + "."
+        return [module for name, module in list(sys.modules.items())
+                if module is not None and (name == self.package or name.startswith(prefix))]
+
+
+class Adapter:
+    """`patch()`, `unpatch()`, `is_patched()` and `patched()` for one framework.
+
+    `install` makes the swaps on a fresh `Patches`; it runs after the version check,
+    and a failure part-way undoes the swaps already made.
+    """
+
+    def __init__(self, distribution: str, supported: tuple[Version, Version], tested: str,
+                 install: Callable[[Patches], None]):
+        self.distribution = distribution
+        self.supported = supported
+        self.tested = tested
+        self._install = install
+        self._active: Patches | None = None
+
+    def patch(self) -> None:
+        """Route the framework's functions to rlk (idempotent).
+
+        Raises UnsupportedVersionError when the installed version is outside the tested
+        range, ImportError when the framework is not installed.
+        """
+        if self._active is not None:
+            return
+        check_version(self.distribution, *self.supported, self.tested)
+        patches = Patches(self.distribution)
+        try:
+            self._install(patches)
+        except BaseException:
+            patches.restore()
+            raise
+        self._active = patches
+
+    def unpatch(self) -> None:
+        """Put the framework's own functions back (a no-op when not patched)."""
+        if self._active is not None:
+            self._active.restore()
+            self._active = None
+
+    def is_patched(self) -> bool:
+        return self._active is not None
+
+    @contextlib.contextmanager
+    def patched(self) -> Iterator[None]:
+        """`patch()` for the block; unpatches on exit only if the block patched."""
+        owner = not self.is_patched()
+        self.patch()
+        try:
+            yield
+        finally:
+            if owner:
+                self.unpatch()

@@ -8,6 +8,7 @@ rlk.native.policy_loss; masked tokens are never used, so NaN or inf there is har
 
 from __future__ import annotations
 
+import atexit
 import functools
 from typing import Any
 
@@ -53,6 +54,11 @@ def settings(options: PolicyLossOptions) -> Any:
     s.count_empty_rows = options.count_empty_rows
     s.scale = options.scale
     return s
+
+
+# Cached structs are extension objects: release them before the extension is torn down at
+# exit, or nanobind reports them (and the struct type) as leaked.
+atexit.register(settings.cache_clear)
 
 
 def _operand(name: str, tensor: Tensor | None, shapes: tuple[tuple[int, ...], ...],

@@ -49,11 +49,11 @@ __device__ __forceinline__ void acc_chunk(RowAcc& a, const float (&x)[N], float 
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     const float v = (x[i] - mn) * sc;
-    if (!one && v == 0.f) {  // the first element at the new max: the implicit 1
-      one = true;
-      continue;
-    }
-    const float e = exp2f(v);
+    // the first element at the new max is the implicit 1: it adds nothing (a select, not a
+    // branch, so the unrolled loop stays straight-line)
+    const bool implicit_one = !one && v == 0.f;
+    one = one || implicit_one;
+    const float e = implicit_one ? 0.f : exp2f(v);
     a.s += e;
     if (ENT) a.w = fmaf(e, fmaxf(v, -FLT_MAX), a.w);
   }

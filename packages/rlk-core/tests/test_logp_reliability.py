@@ -9,7 +9,7 @@ import torch
 
 import rlk
 from rlk import reference
-from rlk.ops.temperature import MIN_TEMPERATURE
+from rlk.ops.temperature import MIN_TEMPERATURE, SHIFT_BELOW, overflow_safe
 
 GEN = torch.Generator().manual_seed(19)
 # the documented gradient tolerance (docs/ops/logp.md): |got - want| <= atol + rtol |want|
@@ -121,6 +121,23 @@ def test_sample_at_the_smallest_temperature_is_greedy_and_logp_is_finite():
     assert torch.equal(drawn.logp, torch.zeros(8))
     with pytest.raises(ValueError, match=r"temperature must be finite and >= 0 \(0 = greedy\)"):
         rlk.sample(logits, temperature=1e-40)
+
+
+def test_overflow_safe_keeps_the_softmax_of_a_sampler_that_divides_by_t_itself():
+    """FlashInfer and vLLM divide float32 logits by T: at a tiny T that overflows into NaN.
+    overflow_safe hands them logits and a T with the same softmax and no overflow, and
+    leaves ordinary temperatures alone (their results stay bit-identical)."""
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0)) * 3
+    logits[1, 7] = logits[1, 9] = logits[1].max() + 1
+    assert overflow_safe(logits, 0.7) == (logits, 0.7)
+    assert overflow_safe(logits, SHIFT_BELOW)[0] is logits
+    assert bool(torch.isnan(torch.softmax(logits / MIN_TEMPERATURE, dim=-1)).any())
+    for temperature in (MIN_TEMPERATURE, 2.0**-100):
+        safe, scale = overflow_safe(logits.to(torch.bfloat16), temperature)
+        probs = torch.softmax(safe / scale, dim=-1)
+        want = torch.softmax(logits.to(torch.bfloat16).double() / temperature, dim=-1)
+        assert scale == 1.0 and safe.dtype == torch.float32
+        torch.testing.assert_close(probs.double(), want, atol=0, rtol=0)
 
 
 def test_repeated_rows_add_their_gradients():

@@ -65,7 +65,7 @@ from rlk.ops.policy_loss_options import (
     PolicyLossOptions,
 )
 from rlk.ops.sample import drawn_logp
-from rlk.ops.temperature import Temperature
+from rlk.ops.temperature import Temperature, overflow_safe
 from rlk.ops.validate import FLOATS as FLOAT_DTYPES
 from rlk.registry import Check, Probe, Registry
 
@@ -81,6 +81,8 @@ rlk_register = HookSpecs.rlk_register
 # --- writing kernels -------------------------------------------------------------------------
 # FLOAT_DTYPES  the floating dtypes rlk's ops take (float32, bfloat16, float16).
 # Temperature   a float, or a float32 tensor with one value per row.
+# overflow_safe (logits, T) -> (logits, T) with the same softmax, safe for a sampler that
+#               divides float32 logits by T itself (tiny temperatures overflow).
 # drawn_logp    the `logp` output of a `sample` kernel whose backend has no `logp` kernel.
 # shards        vocabulary-parallel shard math: Layout, layout, forward_tokens,
 #               backward_tokens, merge, padded, KERNEL_IGNORE, KERNEL_BAD.
@@ -132,6 +134,7 @@ __all__ = [
     "linear_policy_loop",
     "lm_head",
     "one_token_per_row",
+    "overflow_safe",
     "rlk_register",
     "selected_kernel",
     "shards",

@@ -23,15 +23,11 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
+from rlk.backend import overflow_safe
 from rlk_flashinfer import library
 from rlk_flashinfer.draw import draw
 
 BLOCK_ELEMENTS = 1 << 28
-# FlashInfer's softmax multiplies logits by 1/T in float32, which overflows once |logit| / T
-# passes 3.4e38 (inf - inf then gives NaN probabilities). Below this temperature, where
-# logits of 2**64 would, each row is first shifted by its maximum, so that (x - max) / T is
-# at most 0 (and -inf where it underflows, a weight of 0).
-SHIFT_BELOW = 2.0**-64
 
 
 def blocks(batch: int, vocab: int) -> list[slice]:
@@ -58,10 +54,8 @@ def sample_rows(logits: Tensor, rows: Tensor, temperature: float, top_k: int, to
 def _sample_block(fi: ModuleType, block: Tensor, uniforms: Tensor, temperature: float, top_k: int,
                   top_p: float, min_p: float) -> tuple[Tensor, Tensor]:
     """Filter and draw for one contiguous block of rows: (tokens, log of the kept mass)."""
-    if temperature < SHIFT_BELOW:
-        wide = block.float()
-        block = (wide - wide.amax(dim=-1, keepdim=True)) / temperature
-        temperature = 1.0
+    # FlashInfer's softmax multiplies by 1/T in float32: a tiny T would overflow into NaN
+    block, temperature = overflow_safe(block, temperature)
     softmax: Tensor = fi.softmax(block, temperature=float(temperature))
     probs = softmax
     if top_k > 0:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from rlk.backend import drawn_logp
+from rlk.backend import drawn_logp, overflow_safe
 from rlk_vllm._vllm import require_vllm
 
 _UINT64 = (1 << 64) - 1
@@ -96,7 +96,9 @@ def sample(
         tokens = sampler.Sampler.greedy_sample(x).to(torch.int64)
         processed = torch.zeros(x.shape[0], dtype=torch.float32, device=x.device)
     else:
-        x = _truncate(x / temperature, top_k, top_p, min_p, ops)
+        # x / T as vLLM's engine divides, except where a tiny T would overflow into NaN
+        safe, scale = overflow_safe(x, temperature)
+        x = _truncate(safe / scale, top_k, top_p, min_p, ops)
         tokens = _draw(x, seeds, ops)
         processed = x.log_softmax(dim=-1).gather(1, tokens[:, None]).squeeze(1)
     tokens = torch.where(valid, tokens, torch.full_like(tokens, -1))

@@ -24,6 +24,22 @@ Temperature = float | Tensor
 
 MIN_TEMPERATURE = torch.finfo(torch.float32).tiny
 _RANGE = f"[{MIN_TEMPERATURE!r}, inf)"
+# Below this temperature, logits / T overflows float32 once |logits| reach 2**64.
+SHIFT_BELOW = 2.0**-64
+
+
+def overflow_safe(logits: Tensor, temperature: float) -> tuple[Tensor, float]:
+    """(logits, T) giving the same softmax(logits / T), safe to divide in float32.
+
+    For a sampler that scales float32 logits by 1 / T itself (FlashInfer, vLLM): below
+    SHIFT_BELOW each row (which must have a finite maximum) is shifted by its maximum and
+    divided here, in float32, so that every value is at most 0 and what is left to divide
+    by is 1; above it the arguments come back unchanged, so results stay bit-identical to
+    the sampler's own scaling."""
+    if not 0.0 < temperature < SHIFT_BELOW:
+        return logits, temperature
+    wide = logits.float()
+    return (wide - wide.amax(dim=-1, keepdim=True)) / temperature, 1.0
 
 
 def scalar(name: str, value: object, *, allow_zero: bool = False) -> float:

@@ -502,7 +502,7 @@ def sample_calls(draw):
             logits[row] = float("-inf")
         else:
             logits[row] = torch.round(logits[row].float()).to(dtype)
-    options = {"temperature": draw(st.sampled_from([0.0, 2.0**-100, 0.3, 1.0, 1.7])),
+    options = {"temperature": draw(st.sampled_from([0.0, 2.0**-126, 2.0**-100, 0.3, 1.0, 1.7])),
                "top_k": draw(st.sampled_from([0, 1, 5, 50])),
                "top_p": draw(st.sampled_from([1.0, 0.95, 0.5, 0.05])),
                "min_p": draw(st.sampled_from([0.0, 0.05, 0.5]))}

@@ -42,6 +42,18 @@ __device__ __forceinline__ void unpack(const uint4& v, float (&out)[VecWidth<T>:
   for (int i = 0; i < VecWidth<T>::value; ++i) out[i] = to_float(e[i]);
 }
 
+// bfloat16 pairs by word: the low half shifted up, the high half masked in place (one
+// instruction per element; converting element by element extracts each half first).
+template <>
+__device__ __forceinline__ void unpack<bf16_t>(const uint4& v, float (&out)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = __uint_as_float(w[i] << 16);
+    out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ uint4 pack(const float (&in)[VecWidth<T>::value]) {
   uint4 v;

@@ -4,9 +4,15 @@
 namespace rlk {
 namespace {
 
-// Writes a row's outputs (slot i) from its statistics; NaN/empty rule in one place.
+// The token's logit, read before the row's statistics so that its latency hides behind them
+// (0 when logp is not asked for or the token is outside the row; finish_row then ignores it).
 template <typename T>
-__device__ __forceinline__ void finish_row(const LogpFwdArgs& a, int64_t i, const T* p,
+__device__ __forceinline__ float token_logit(const LogpFwdArgs& a, const T* p, int64_t tok) {
+  return (a.logp && tok >= 0 && tok < a.V) ? to_float(p[tok]) : 0.f;
+}
+
+// Writes a row's outputs (slot i) from its statistics; NaN/empty rule in one place.
+__device__ __forceinline__ void finish_row(const LogpFwdArgs& a, int64_t i, float raw_tok,
                                            int64_t tok, const RowAcc& r, float inv_t) {
   const float nan = __int_as_float(0x7fc00000);
   const float log_s = row_log_sum(r);
@@ -20,7 +26,7 @@ __device__ __forceinline__ void finish_row(const LogpFwdArgs& a, int64_t i, cons
   if (a.entropy) a.entropy[i] = empty ? nan : row_entropy(r, log_s);
   if (a.logp) {
     float lp = nan;
-    if (!empty && tok >= 0 && tok < a.V) lp = logp_from_stats(to_float(p[tok]), r.m, inv_t, log_s);
+    if (!empty && tok >= 0 && tok < a.V) lp = logp_from_stats(raw_tok, r.m, inv_t, log_s);
     a.logp[i * a.logp_stride] = lp;
   }
 }
@@ -39,9 +45,18 @@ __device__ __forceinline__ bool finish_trivial(const LogpFwdArgs& a, int64_t i, 
   return true;
 }
 
-// Whole row in one block (small V).
-template <typename T, int THREADS, bool ENT>
-__global__ void __launch_bounds__(THREADS) logp_fwd_kernel(LogpFwdArgs a) {
+// Blocks per SM the whole-row forward asks registers for: enough threads that each SM keeps
+// 80 KiB of 16-byte loads in flight (U per thread), as the split kernel does with its 48
+// registers; left to itself the compiler gives the whole-row kernel 58 and 4 blocks. With
+// the entropy it keeps its own count (at 48 it spills the row pointer inside the loop).
+constexpr int fwd_min_blocks(int threads, int unroll, bool ent) {
+  return ent ? 1 : 5120 / (threads * unroll);
+}
+
+// Whole row in one block (V below the split), U vectors in flight per thread.
+template <typename T, int THREADS, bool ENT, int U = 4>
+__global__ void RLK_LAUNCH_BOUNDS(THREADS, fwd_min_blocks(THREADS, U, ENT))
+    logp_fwd_kernel(LogpFwdArgs a) {
   const int64_t i = blockIdx.x;
   const RowInfo ri = row_info(a, i);
   if (skip_row(a, ri)) {
@@ -49,8 +64,9 @@ __global__ void __launch_bounds__(THREADS) logp_fwd_kernel(LogpFwdArgs a) {
     return;
   }
   const T* p = static_cast<const T*>(a.logits) + ri.row * a.row_stride;
-  const RowAcc r = row_stats<T, THREADS, 4, ENT>(p, a.V, ri.inv_t * kLog2e);
-  if (threadIdx.x == 0) finish_row(a, i, p, ri.tok, r, ri.inv_t);
+  const float raw_tok = threadIdx.x == 0 ? token_logit(a, p, ri.tok) : 0.f;
+  const RowAcc r = row_stats<T, THREADS, U, ENT>(p, a.V, ri.inv_t * kLog2e);
+  if (threadIdx.x == 0) finish_row(a, i, raw_tok, ri.tok, r, ri.inv_t);
 }
 
 // Large V: block (i, seg) reduces one fixed-size segment of row i into part[i][seg]; the merge
@@ -83,12 +99,13 @@ __global__ void logp_fwd_merge_kernel(LogpFwdArgs a) {
   const RowInfo ri = row_info(a, i);
   if (finish_trivial(a, i, ri.row, ri.tok)) return;
   const float sc = ri.inv_t * kLog2e;
+  const T* p = static_cast<const T*>(a.logits) + ri.row * a.row_stride;
+  const float raw_tok = token_logit(a, p, ri.tok);
   const float* part = a.partial + i * a.nseg * 3;
   RowAcc r{part[0], part[1], part[2]};
   for (int seg = 1; seg < a.nseg; ++seg)
     r = acc_combine<ENT>(r, RowAcc{part[3 * seg], part[3 * seg + 1], part[3 * seg + 2]}, sc);
-  const T* p = static_cast<const T*>(a.logits) + ri.row * a.row_stride;
-  finish_row(a, i, p, ri.tok, r, ri.inv_t);
+  finish_row(a, i, raw_tok, ri.tok, r, ri.inv_t);
 }
 
 // W gradient values stored as O at dst: one 16-byte store, or one 8-byte store when O is half
@@ -234,14 +251,18 @@ void launch_merge(const LogpFwdArgs& a, rlkStream_t s) {
   else logp_fwd_merge_kernel<T, false><<<blocks, 128, 0, s>>>(a);
 }
 
+// Forward launch shapes, by V only (batch invariance). Rows of V >= 65536 split into segments
+// of at most 32768 elements, each a 256-thread block; shorter rows take one block, 256 threads
+// from V = 16384 (a 32768-element row then is exactly one such segment: every thread keeps
+// four vectors in flight four times over). 512-thread blocks on those rows spent half their
+// time outside the loads (prologue, block reduction, the token's logit) and read at 60% of
+// the copy bandwidth on the H200 (issue #18).
 template <typename T>
 void launch_fwd_sized(const LogpFwdArgs& a, rlkStream_t s) {
-  // The launch shape depends on V only, never on the number of rows: batch invariance.
   if (a.nseg > 1) {
     if (a.entropy) launch_fwd_split<T, true>(a, s);
     else launch_fwd_split<T, false>(a, s);
-  } else if (a.V >= 16384) launch_fwd<T, 512>(a, s);
-  else if (a.V >= 2048) launch_fwd<T, 256>(a, s);
+  } else if (a.V >= 16384) launch_fwd<T, 256>(a, s);
   else launch_fwd<T, 128>(a, s);
 }
 

@@ -35,6 +35,14 @@ typedef uint32_t rlk_lanemask_t;
 #define RLK_FULL_MASK 0xffffffffu
 #endif
 
+// Launch bounds with a register budget: CUDA reads the second number as blocks per SM; HIP's
+// second number means waves per execution unit instead, so the HIP build keeps the first only.
+#if RLK_HIP
+#define RLK_LAUNCH_BOUNDS(threads, min_blocks) __launch_bounds__(threads)
+#else
+#define RLK_LAUNCH_BOUNDS(threads, min_blocks) __launch_bounds__(threads, min_blocks)
+#endif
+
 namespace rlk {
 
 // Raw storage types, converted by the helpers in common.cuh so both toolchains agree bit for bit.

@@ -30,7 +30,7 @@ def _close(got: torch.Tensor, want: torch.Tensor, atol: float) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("vocab", [1, 7, 1000, 4099, 151936])
+@pytest.mark.parametrize("vocab", [1, 7, 1000, 4099, 32768, 151936])
 @pytest.mark.parametrize("with_entropy", [False, True])
 def test_forward_matches_float64(dtype: torch.dtype, vocab: int, with_entropy: bool) -> None:
     rows = 64 if vocab < 100000 else 16

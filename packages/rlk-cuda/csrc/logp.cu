@@ -253,10 +253,10 @@ void launch_merge(const LogpFwdArgs& a, rlkStream_t s) {
 
 // Forward launch shapes, by V only (batch invariance). Rows of V >= 65536 split into segments
 // of at most 32768 elements, each a 256-thread block; shorter rows take one block, 256 threads
-// from V = 16384 (a 32768-element row then is exactly one such segment: every thread keeps
-// four vectors in flight four times over). 512-thread blocks on those rows spent half their
-// time outside the loads (prologue, block reduction, the token's logit) and read at 60% of
-// the copy bandwidth on the H200 (issue #18).
+// from V = 16384, so that a 32768-element row is one such segment (four rounds of four
+// vectors per thread). With 512 threads (two rounds, then the block reduction and the token's
+// logit) rows of V = 32768 read at 59-62% of the copy bandwidth on the H200 (2026-12-03);
+// benchmarks/cuda/logp_shapes.cu times the alternatives.
 template <typename T>
 void launch_fwd_sized(const LogpFwdArgs& a, rlkStream_t s) {
   if (a.nseg > 1) {

@@ -204,7 +204,7 @@ def _traced(args: Mapping[str, Any]) -> bool:
             or torch._C._functorch.peek_interpreter_stack() is not None
             or _is_tracing() is not None):
         return True
-    for value in args.values():  # noqa: SIM110 - a loop: any(...) costs 3x on every call
+    for value in args.values():  # a loop: any(...) costs 3x on every call
         if isinstance(value, Tensor) and type(value) not in _PLAIN_TENSORS:
             return True
     return False

@@ -56,9 +56,12 @@ def main() -> None:
     leaf = logp.clone().requires_grad_()
     rewards = torch.randn(8192, device=DEVICE)
     ids = torch.arange(8192, device=DEVICE) // 16
+    shuffled = ids[torch.randperm(8192, device=DEVICE, generator=gen)]
     grpo = GroupAdvantagesOptions()
     report("kernel group_advantages (ids)",
            lambda: advantages.forward(rewards, ids, 0, 512, grpo))
+    report("kernel group_advantages (shuffled ids)",
+           lambda: advantages.forward(rewards, shuffled, 0, 512, grpo))
     report("kernel group_advantages (group_size)",
            lambda: advantages.forward(rewards, None, 16, 512, grpo))
     with rlk.use_backends("cuda"):
@@ -67,7 +70,13 @@ def main() -> None:
                lambda: rlk.policy_loss(leaf, old, adv, mask))
         report("rlk.policy_loss fwd+bwd",
                lambda: torch.autograd.grad(rlk.policy_loss(leaf, old, adv, mask)[0], leaf))
+        report("rlk.policy_loss fwd+bwd, 3 settings",
+               lambda: torch.autograd.grad(rlk.policy_loss(leaf, old, adv, mask, clip_high=0.28,
+                                                           agg="seq-mean-token-mean",
+                                                           scale=0.5)[0], leaf))
         report("rlk.group_advantages", lambda: rlk.group_advantages(rewards, group_size=16))
+        report("rlk.group_advantages (shuffled ids)",
+               lambda: rlk.group_advantages(rewards, group_ids=shuffled))
         if profile:
             profiler = cProfile.Profile()
             profiler.runcall(lambda: [

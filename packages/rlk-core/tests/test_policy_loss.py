@@ -12,6 +12,8 @@ import torch
 
 import rlk
 from rlk import reference
+from rlk.dispatch import captured_policy
+from rlk.ops.policy_loss import POLICY_LOSS
 from rlk.ops.policy_loss_options import METRICS, PolicyLossOptions
 
 GEN = torch.Generator().manual_seed(3)
@@ -430,6 +432,83 @@ def test_eager_calls_skip_torch_library_and_match_the_torch_operator():
     op_loss.backward()
     assert torch.equal(loss, op_loss) and torch.equal(leaf.grad, op_leaf.grad)
     assert torch.equal(torch.stack(list(metrics.values())), op_metrics)
+
+
+@pytest.mark.parametrize("case", ["bf16-per-token", "weights-b1", "kl-tis", "vespo-float64"])
+def test_eager_path_matches_the_torch_operator_in_every_argument_form(case):
+    """The eager path's own checks and reshapes ([B, 1] -> [B]) give what the torch operator
+    gives, loss, metrics and gradient, bit for bit."""
+    logp, old, advantages, mask, ref, rollout = _companions()
+    kwargs: dict = {}
+    if case == "bf16-per-token":
+        logp, advantages = logp.bfloat16(), advantages.unsqueeze(1).expand(B, T).contiguous()
+        kwargs = {"clip_high": 0.28}
+    elif case == "weights-b1":
+        kwargs = {"importance_weights": torch.rand(B, 1, generator=GEN) + 0.5,
+                  "agg": "seq-mean-token-sum"}
+    elif case == "kl-tis":
+        kwargs = {"ref_logp": ref, "rollout_logp": rollout, "kl_coef": 0.1, "tis_cap": 2.0}
+    else:
+        logp, mask, kwargs = logp.double(), mask.to(torch.int32), {"objective": "vespo"}
+    leaf = logp.clone().requires_grad_(True)
+    loss, metrics = rlk.policy_loss(leaf, old, advantages, mask, **kwargs)
+    assert type(loss.grad_fn).__name__ == "_KernelFunctionBackward"
+    loss.backward()
+    tensors = {name: kwargs.pop(name, None)
+               for name in ("ref_logp", "rollout_logp", "importance_weights")}
+    if tensors["importance_weights"] is not None:
+        tensors["importance_weights"] = tensors["importance_weights"].reshape(B)
+    options = PolicyLossOptions(**kwargs)
+    op_leaf = logp.clone().requires_grad_(True)
+    op_loss, op_metrics = torch.ops.rlk.policy_loss(op_leaf, old, advantages, mask,
+                                                    *tensors.values(), *options.flat())
+    op_loss.backward()
+    assert torch.equal(loss, op_loss) and torch.equal(leaf.grad, op_leaf.grad)
+    assert torch.equal(torch.stack(list(metrics.values())), op_metrics)
+    assert not any(value.requires_grad for value in metrics.values())
+
+
+def test_eager_backward_runs_under_the_forward_policy():
+    """The backward selects nothing itself, but kernels it calls dispatch under the policy of
+    the forward, also when .backward() runs outside the use_backends scope."""
+    logp, old, advantages, mask = _batch()
+    leaf = logp.clone().requires_grad_(True)
+    seen = []
+    original = POLICY_LOSS.eager.backward
+
+    def spy(bound, args, grads):
+        seen.append(captured_policy())
+        return original(bound, args, grads)
+
+    with rlk.use_backends("native") as policy:
+        loss, _ = rlk.policy_loss(leaf, old, advantages, mask)
+    object.__setattr__(POLICY_LOSS.eager, "backward", spy)
+    try:
+        loss.backward()
+    finally:
+        object.__setattr__(POLICY_LOSS.eager, "backward", original)
+    assert seen == [policy] and captured_policy() is None and leaf.grad is not None
+
+
+def test_torch_compile_graph_holds_the_torch_operator():
+    """torch.compile never sees the eager path: its graph holds rlk::policy_loss, and the
+    gradient through the compiled step is the eager one."""
+    logp, old, advantages, mask = _batch()
+    graphs = []
+
+    def backend(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    def step(x):
+        return rlk.policy_loss(x, old, advantages, mask, clip_high=0.28)[0]
+
+    compiled_x, eager_x = logp.clone().requires_grad_(True), logp.clone().requires_grad_(True)
+    torch.compile(step, backend=backend, fullgraph=True)(compiled_x).backward()
+    step(eager_x).backward()
+    targets = {str(node.target) for graph in graphs for node in graph.graph.nodes}
+    assert "rlk.policy_loss.default" in targets
+    assert torch.equal(compiled_x.grad, eager_x.grad)
 
 
 def test_eager_path_without_grad_returns_plain_tensors():

@@ -2,11 +2,12 @@
 // they are large) computes the group's float64 statistics in a fixed order: deterministic.
 //
 // Consecutive groups of a fixed size (group_size=) are read as runs [g * size, (g + 1) * size)
-// in one launch. For group ids, a first launch checks, chunk by chunk, whether the ids never
-// decrease; then each group's members are the run [first id >= g, first id > g), found in O(1)
-// for equal groups and by binary search otherwise, and a team reads only its own run. Ids in
-// any other order fall back to each team scanning all ids for its members. Batch std scaling
-// first reduces the whole batch in one block.
+// in one launch. Group ids come sorted (the host wrapper sorts them stably, so each group's
+// members keep their order) with the permutation `order`: group g's members are the run
+// [first id >= g, first id > g), found in O(1) for equal groups and by binary search
+// otherwise, and member i of the run is reward order[i]. Every team reads only its own run:
+// the work is O(N) whatever order the ids came in. Batch std scaling first reduces the whole
+// batch in one block.
 #include <cmath>
 
 #include "common.cuh"
@@ -16,29 +17,16 @@ namespace rlk {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kChunk = kGroupAdvChunk;  // ids checked per block of the ordering pass
 // Lanes per group when groups are small: a warp, or half a wave64 (the host cannot know which
 // wave size the device code has, so the launch shape must not depend on it).
 constexpr int kLanes = 32;
 constexpr int64_t kLanesGroupMax = 4 * kLanes;  // largest mean group size served by 32 lanes
 constexpr int kBatchThreads = 1024;
 
-__global__ void __launch_bounds__(kThreads) ids_ordered_kernel(GroupAdvArgs a) {
-  __shared__ int scratch[kThreads / RLK_WARP_SIZE];
-  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kChunk;
-  const int64_t end = begin + kChunk < a.N - 1 ? begin + kChunk : a.N - 1;
-  int ordered = 1;
-  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads)
-    ordered &= a.group_ids[i] <= a.group_ids[i + 1] ? 1 : 0;
-  ordered = block_min_int<kThreads>(ordered, scratch);
-  if (threadIdx.x == 0) a.ordered_chunks[blockIdx.x] = ordered;
-}
-
 // TEAM threads serve one group: kLanes (several groups per block) or the block.
 template <int TEAM>
 struct Team {
   static_assert(TEAM == kLanes || TEAM == kThreads, "a team is 32 lanes or the block");
-  int* int_scratch;
   double* scratch;
 
   __device__ int lane() const { return threadIdx.x % TEAM; }
@@ -52,7 +40,6 @@ struct Team {
   }
   __device__ double sum(double v) const { return reduce(v, scratch, SumOp{}); }
   __device__ double min(double v) const { return reduce(v, scratch, MinOp{}); }
-  __device__ int min(int v) const { return reduce(v, int_scratch, MinOp{}); }
 };
 
 // The first index of non-decreasing `ids` that holds >= g. `guess` (exact when all groups have
@@ -95,43 +82,34 @@ __global__ void __launch_bounds__(kBatchThreads) batch_std_kernel(GroupAdvArgs a
 template <int TEAM>
 __global__ void __launch_bounds__(kThreads) group_advantages_kernel(GroupAdvArgs a) {
   __shared__ double scratch[kThreads / RLK_WARP_SIZE];
-  __shared__ int int_scratch[kThreads / RLK_WARP_SIZE];
-  const Team<TEAM> team{int_scratch, scratch};
+  const Team<TEAM> team{scratch};
   const int64_t g = team.group();
   if (g >= a.num_groups) return;  // whole teams of the last block (TEAM is kLanes)
   const int lane = team.lane();
 
-  // The members: the group's run when the groups are consecutive, else every index whose id
-  // is g.
-  int ordered = 1;
-  int64_t begin = 0, end = a.N;
+  // The members: the group's run, of the sorted ids or consecutive by group_size.
+  int64_t begin, end;
   if (a.group_ids == nullptr) {
     begin = g * a.group_size;
     end = begin + a.group_size;
   } else {
-    const int64_t chunks = (a.N + kChunk - 1) / kChunk;
-    for (int64_t c = lane; c < chunks; c += TEAM) ordered &= a.ordered_chunks[c];
-    ordered = team.min(ordered);
-    if (ordered) {
-      const int64_t size = a.N % a.num_groups == 0 ? a.N / a.num_groups : -1;
-      begin = first_at_least(a.group_ids, a.N, g, size < 0 ? -1 : g * size);
-      end = first_at_least(a.group_ids, a.N, g + 1, size < 0 ? -1 : (g + 1) * size);
-    }
+    const int64_t size = a.N % a.num_groups == 0 ? a.N / a.num_groups : -1;
+    begin = first_at_least(a.group_ids, a.N, g, size < 0 ? -1 : g * size);
+    end = first_at_least(a.group_ids, a.N, g + 1, size < 0 ? -1 : (g + 1) * size);
   }
-  const auto member = [&](int64_t i) { return ordered || a.group_ids[i] == g; };
-  // a member that enters the statistics (NaN rewards do not under nan="ignore")
-  const auto counted = [&](int64_t i) {
-    return member(i) && !(a.nan_ignore && a.rewards[i] != a.rewards[i]);
-  };
+  // run position -> reward index
+  const auto at = [&](int64_t i) { return a.order == nullptr ? i : a.order[i]; };
+  // whether a member's reward enters the statistics (a NaN does not under nan="ignore")
+  const auto counted = [&](float r) { return !(a.nan_ignore && r != r); };
 
   // Pass 1: member count, NaN members, minimum.
   double count = 0.0, nans = 0.0, low = INFINITY;
   for (int64_t i = begin + lane; i < end; i += TEAM) {
-    if (!counted(i)) continue;
-    const double r = a.rewards[i];
+    const float r = a.rewards[at(i)];
+    if (!counted(r)) continue;
     count += 1.0;
     nans += r != r ? 1.0 : 0.0;
-    low = fmin(low, r);
+    low = fmin(low, static_cast<double>(r));
   }
   count = team.sum(count);
   nans = team.sum(nans);
@@ -139,8 +117,10 @@ __global__ void __launch_bounds__(kThreads) group_advantages_kernel(GroupAdvArgs
   const bool nan = nans > 0.0;
   // Pass 2: sum of rewards centred on the minimum (a constant group sums to exactly 0).
   double sum = 0.0;
-  for (int64_t i = begin + lane; i < end; i += TEAM)
-    if (counted(i)) sum += static_cast<double>(a.rewards[i]) - low;
+  for (int64_t i = begin + lane; i < end; i += TEAM) {
+    const float r = a.rewards[at(i)];
+    if (counted(r)) sum += static_cast<double>(r) - low;
+  }
   sum = team.sum(sum);
   const double mean = sum / fmax(count, 1.0);
   // Pass 3: the group's sample standard deviation.
@@ -148,8 +128,9 @@ __global__ void __launch_bounds__(kThreads) group_advantages_kernel(GroupAdvArgs
   if (a.normalize == kNormalizeStd) {
     double sq = 0.0;
     for (int64_t i = begin + lane; i < end; i += TEAM) {
-      if (!counted(i)) continue;
-      const double d = static_cast<double>(a.rewards[i]) - low - mean;
+      const float r = a.rewards[at(i)];
+      if (!counted(r)) continue;
+      const double d = static_cast<double>(r) - low - mean;
       sq += d * d;
     }
     sq = team.sum(sq);
@@ -159,16 +140,17 @@ __global__ void __launch_bounds__(kThreads) group_advantages_kernel(GroupAdvArgs
   if (single && a.singleton_reward && a.normalize == kNormalizeStd) std = 1.0;
   // Pass 4: write the group's advantages.
   for (int64_t i = begin + lane; i < end; i += TEAM) {
-    if (!member(i)) continue;
-    if (!counted(i)) {  // a NaN reward under nan="ignore"
-      a.out[i] = 0.0f;
+    const int64_t k = at(i);
+    const double r = a.rewards[k];
+    if (!counted(static_cast<float>(r))) {  // a NaN reward under nan="ignore"
+      a.out[k] = 0.0f;
       continue;
     }
-    const double r = a.rewards[i], c = r - low;
+    const double c = r - low;
     double adv = a.leave_one_out ? c - (sum - c) / fmax(count - 1.0, 1.0) : c - mean;
     if (single) adv = a.singleton_reward ? r : 0.0;  // verl: baseline 0 (and std 1)
     if (a.normalize != kNormalizeNone && adv != 0.0) adv /= std + a.eps;
-    a.out[i] = nan ? __int_as_float(0x7fc00000) : static_cast<float>(adv);
+    a.out[k] = nan ? __int_as_float(0x7fc00000) : static_cast<float>(adv);
   }
 }
 
@@ -180,16 +162,11 @@ const char* group_advantages(const GroupAdvArgs& a, void* stream) {
   const bool small = a.N / a.num_groups <= kLanesGroupMax;
   const int64_t blocks = small ? (a.num_groups + kTeamsPerBlock - 1) / kTeamsPerBlock
                                : a.num_groups;
-  const int64_t chunks = (a.N + kChunk - 1) / kChunk;
-  if (blocks > 0x7fffffffLL || chunks > 0x7fffffffLL) return "group_advantages: too many groups";
+  if (blocks > 0x7fffffffLL) return "group_advantages: too many groups";
   const rlkStream_t s = static_cast<rlkStream_t>(stream);
   rlkError_t e = rlkSuccess;
   if (a.normalize == kNormalizeBatchStd) {
     batch_std_kernel<<<1, kBatchThreads, 0, s>>>(a);
-    if ((e = rlkGetLastError()) != rlkSuccess) return rlkGetErrorString(e);
-  }
-  if (a.group_ids != nullptr) {
-    ids_ordered_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, s>>>(a);
     if ((e = rlkGetLastError()) != rlkSuccess) return rlkGetErrorString(e);
   }
   if (small)

@@ -143,18 +143,17 @@ NB_MODULE(_C, m) {
         nb::kw_only(), "device"_a, "stream"_a, "logits"_a, "N"_a, "C"_a, "row_stride"_a,
         "softcap"_a, "grad"_a, "grad_dtype"_a, "grad_row_stride"_a);
 
-  m.attr("GROUP_ADVANTAGES_CHUNK") = rlk::kGroupAdvChunk;
   m.def(
       "group_advantages",
       [](int device, uintptr_t stream, uintptr_t rewards, uintptr_t group_ids, int64_t N,
          int64_t num_groups, int64_t group_size, int normalize, bool leave_one_out,
-         bool nan_ignore, bool singleton_reward, float eps, uintptr_t out,
-         uintptr_t ordered_chunks, uintptr_t batch_std) {
+         bool nan_ignore, bool singleton_reward, float eps, uintptr_t out, uintptr_t order,
+         uintptr_t batch_std) {
         if (N > 0) {
           require(rewards, "rewards");
           require(out, "out");
           if (group_ids != 0) {
-            require(ordered_chunks, "ordered_chunks");
+            require(order, "order");
           } else if (group_size <= 0) {
             throw std::invalid_argument(RLK_EXT_NAME ": group_advantages needs group_ids or "
                                         "group_size > 0");
@@ -162,15 +161,15 @@ NB_MODULE(_C, m) {
           if (normalize == rlk::kNormalizeBatchStd) require(batch_std, "batch_std");
         }
         prepare(device);
-        rlk::GroupAdvArgs a{ptr<const float>(rewards), ptr<const int64_t>(group_ids), N,
-                            num_groups, group_size, normalize, leave_one_out, nan_ignore,
-                            singleton_reward, eps, ptr<float>(out), ptr<int>(ordered_chunks),
+        rlk::GroupAdvArgs a{ptr<const float>(rewards), ptr<const int64_t>(group_ids),
+                            ptr<const int64_t>(order), N, num_groups, group_size, normalize,
+                            leave_one_out, nan_ignore, singleton_reward, eps, ptr<float>(out),
                             ptr<double>(batch_std)};
         check(rlk::group_advantages(a, reinterpret_cast<void*>(stream)));
       },
       nb::kw_only(), "device"_a, "stream"_a, "rewards"_a, "group_ids"_a, "N"_a, "num_groups"_a,
       "group_size"_a, "normalize"_a, "leave_one_out"_a, "nan_ignore"_a, "singleton_reward"_a,
-      "eps"_a, "out"_a, "ordered_chunks"_a, "batch_std"_a);
+      "eps"_a, "out"_a, "order"_a, "batch_std"_a);
 
   m.def("sample",
         [](int device, uintptr_t stream, uintptr_t logits, int dtype, int64_t B, int64_t V,

@@ -60,11 +60,12 @@ struct SoftCapArgs {
   int64_t grad_row_stride;
 };
 
-constexpr int64_t kGroupAdvChunk = 2048;  // ids per flag of the ordering check
 enum GroupAdvNormalize : int { kNormalizeStd = 0, kNormalizeBatchStd = 1, kNormalizeNone = 2 };
 struct GroupAdvArgs {
   const float* rewards;     // [N]
-  const int64_t* group_ids; // [N] in [0, num_groups), or nullptr: consecutive groups
+  const int64_t* group_ids; // [N] non-decreasing in [0, num_groups), or nullptr: consecutive
+                            // groups
+  const int64_t* order;     // [N] with group_ids: rewards[order[i]] has group_ids[i]
   int64_t N, num_groups;
   int64_t group_size;       // > 0 when group_ids is nullptr
   int normalize;            // GroupAdvNormalize
@@ -73,7 +74,6 @@ struct GroupAdvArgs {
   bool singleton_reward;    // a group of one: baseline 0 and std 1 (verl) instead of 0
   float eps;
   float* out;               // [N]
-  int* ordered_chunks;      // [ceil(N / kGroupAdvChunk)] scratch (group_ids only)
   double* batch_std;        // [1] scratch (kNormalizeBatchStd only)
 };
 

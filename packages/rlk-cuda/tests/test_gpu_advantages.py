@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import torch
 from rlk import reference
+from rlk.native import advantages as native
 from rlk.ops import specs
 from rlk.ops.advantages_options import GroupAdvantagesOptions
 from rlk.testing.poison import poisoned_allocations
@@ -106,16 +107,40 @@ def test_consecutive_groups_of_uneven_sizes(large: bool) -> None:
     _check(rewards, ids, 300)
 
 
-def test_ids_out_of_order_only_across_a_chunk_boundary() -> None:
-    """One swap at the border of two ordering chunks must switch to scanning for members."""
-    from rlk_cuda import _ext
+@pytest.mark.parametrize("order", ["sorted", "reversed", "shuffled", "one-swap", "interleaved"])
+@pytest.mark.parametrize(("n", "groups"), [(4096, 1024), (65536, 64), (20000, 5), (3001, 1),
+                                           (65536, 32768)])
+def test_ids_in_any_order(order: str, n: int, groups: int) -> None:
+    """Ids are sorted stably on the device first: any order is read as runs, with small
+    groups (a warp each), large ones (a block each) and one group of everything."""
+    gen = torch.Generator(device="cuda").manual_seed(n + groups)
+    ids = torch.arange(n, device="cuda") * groups // n
+    rewards = (torch.rand(n, generator=gen, device="cuda") < 0.4).float()
+    rewards += torch.randn(n, generator=gen, device="cuda") * 0.1
+    if order == "reversed":
+        ids = ids.flip(0)
+    elif order == "shuffled":
+        ids = ids[torch.randperm(n, generator=gen, device="cuda")]
+    elif order == "one-swap":  # two groups trade a member
+        ids[[n // 3, 2 * n // 3]] = ids[[2 * n // 3, n // 3]].clone()
+    elif order == "interleaved":
+        ids = torch.arange(n, device="cuda") % groups
+    if groups > 2048:  # the float64 reference loops over groups: the native kernel instead
+        options = _options()
+        want = native.forward(rewards, ids, 0, groups, options)
+        assert (forward(rewards, ids, 0, groups, options) - want).abs().max() < 1e-5
+    else:
+        _check(rewards, ids, groups)
+    first = forward(rewards, ids, 0, groups, _options())
+    assert torch.equal(forward(rewards, ids, 0, groups, _options()), first)
 
-    chunk = _ext.load().GROUP_ADVANTAGES_CHUNK
-    n = 4 * chunk
-    ids = torch.arange(n, device="cuda") // 16
-    ids[[chunk - 1, chunk]] = ids[[chunk, chunk - 1]].clone()  # two groups trade a member
-    rewards = torch.randn(n, device="cuda")
-    _check(rewards, ids, int(ids.max()) + 1)
+
+def test_ids_of_any_integer_dtype() -> None:
+    rewards = torch.randn(1000, device="cuda")
+    ids = torch.randint(0, 50, (1000,), device="cuda")
+    want = forward(rewards, ids, 0, 50, _options())
+    for dtype in (torch.int32, torch.int16, torch.uint8):
+        assert torch.equal(forward(rewards, ids.to(dtype), 0, 50, _options()), want)
 
 
 SPEC = specs()["group_advantages"]

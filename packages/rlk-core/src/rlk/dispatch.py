@@ -250,18 +250,25 @@ class Dispatcher:
 _policy: contextvars.ContextVar[Policy | None] = contextvars.ContextVar("rlk_policy", default=None)
 
 
-@contextlib.contextmanager
-def scoped_policy(policy: Policy | None) -> Iterator[None]:
-    """Re-enter a policy captured earlier with `_policy.get()` (None: the environment's)."""
-    token = _policy.set(policy)
-    try:
-        yield
-    finally:
-        _policy.reset(token)
+class ScopedPolicy:
+    """`with ScopedPolicy(policy):` re-enters a policy captured earlier with
+    `captured_policy()` (None: the environment's). A class, not a generator context manager:
+    every eager backward enters one, and this costs a fifth of contextlib's host time."""
+
+    __slots__ = ("_policy", "_token")
+
+    def __init__(self, policy: Policy | None):
+        self._policy = policy
+
+    def __enter__(self) -> None:
+        self._token = _policy.set(self._policy)
+
+    def __exit__(self, *exc: object) -> None:
+        _policy.reset(self._token)
 
 
 def captured_policy() -> Policy | None:
-    """The scoped policy in force now, for re-entering later (see scoped_policy)."""
+    """The scoped policy in force now, for re-entering later (see ScopedPolicy)."""
     return _policy.get()
 
 

@@ -43,8 +43,12 @@ def same_device(name: str, tensor: Tensor, device: int) -> None:
 
 
 def stream(device: int) -> int:
-    """The caller's current stream on `device`, as the raw handle the extension expects."""
-    return int(torch.cuda.current_stream(device).cuda_stream)
+    """The caller's current stream on `device`, as the raw handle the extension expects.
+
+    Read without building a torch.cuda.Stream object (what inductor's launchers do): on
+    every launch of a small op, that object costs more host time than the kernel takes.
+    """
+    return torch._C._cuda_getCurrentRawStream(device)
 
 
 def f32_empty(*shape: int, device: torch.device) -> Tensor:

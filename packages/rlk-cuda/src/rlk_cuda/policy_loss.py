@@ -24,6 +24,7 @@ ELEM_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float
               torch.bool: 4, torch.uint8: 4, torch.int8: 5, torch.int16: 6, torch.int32: 7,
               torch.int64: 8}
 FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+MASKS = tuple(ELEM_TYPES)
 KL_VALUES = ("k1", "k2", "k3", "abs")  # the estimator's value; a "+" takes k2's gradient
 
 
@@ -62,17 +63,22 @@ atexit.register(settings.cache_clear)
 
 
 def _operand(name: str, tensor: Tensor | None, shapes: tuple[tuple[int, ...], ...],
-             device: int, dtypes: tuple[torch.dtype, ...] = FLOATS) -> tuple[Tensor | None, int]:
-    """`tensor` contiguous on `device` with one of `shapes`, and its element type code."""
+             where: torch.device, kept: list[Tensor],
+             dtypes: tuple[torch.dtype, ...] = FLOATS) -> tuple[int, int]:
+    """The data pointer and element type code of `tensor`, contiguous on `where` with one of
+    `shapes` ((0, 0) for None); what it points to stays in `kept` until the launch."""
     if tensor is None:
-        return None, 0
+        return 0, 0
     if tensor.dtype not in dtypes:
         raise TypeError(f"{name} must have dtype {', '.join(map(str, dtypes))} for {__package__}; "
                         f"got {tensor.dtype}")
-    if tuple(tensor.shape) not in shapes:
+    if tensor.shape not in shapes:
         raise ValueError(f"{name} must have shape {shapes[0]}; got {tuple(tensor.shape)}")
-    same_device(name, tensor, device)
-    return tensor.contiguous(), ELEM_TYPES[tensor.dtype]
+    if tensor.device != where:
+        same_device(name, tensor, where.index)
+    tensor = tensor.contiguous()
+    kept.append(tensor)
+    return tensor.data_ptr(), ELEM_TYPES[tensor.dtype]
 
 
 def _launch(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
@@ -80,32 +86,36 @@ def _launch(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
             importance_weights: Tensor | None, options: PolicyLossOptions, *,
             loss: Tensor | None = None, metrics: Tensor | None = None,
             grad_loss: Tensor | None = None, grad: Tensor | None = None) -> None:
+    """Check the operands (metadata only: these wrappers' host time is most of a small
+    call's) and launch the forward (loss and metrics given) or the backward (grad)."""
     device = device_of("logp", logp)
     if logp.dim() != 2:
         raise ValueError(f"logp must be [B, T]; got shape {tuple(logp.shape)}")
-    batch, length = logp.shape
-    full, per_row = ((batch, length),), ((batch,), (batch, length))
-    tensors = {
-        "logp": _operand("logp", logp, full, device),
-        "old_logp": _operand("old_logp", old_logp, full, device),
-        "advantages": _operand("advantages", advantages, per_row, device),
-        "mask": _operand("mask", mask, full, device, tuple(ELEM_TYPES)),
-        "ref_logp": _operand("ref_logp", ref_logp, full, device),
-        "rollout_logp": _operand("rollout_logp", rollout_logp, full, device),
-        "importance_weights": _operand("importance_weights", importance_weights, per_row,
-                                       device),
-    }
-    pointers: dict[str, int] = {}
-    for name, (tensor, code) in tensors.items():
-        pointers[name], pointers[f"{name}_type"] = ptr(tensor), code
+    where = logp.device
+    full = logp.shape
+    batch, length = full
+    per_row = ((batch,), full)
+    kept: list[Tensor] = []
     ext = _ext.load()
-    rows = torch.empty(batch, ext.POLICY_LOSS_ROW_STATS, dtype=torch.float64,
-                       device=logp.device)
-    ext.policy_loss(backward=grad is not None, device=device, stream=stream(device), **pointers,
+    logp_ptr, logp_type = _operand("logp", logp, (full,), where, kept)
+    old_ptr, old_type = _operand("old_logp", old_logp, (full,), where, kept)
+    adv_ptr, adv_type = _operand("advantages", advantages, per_row, where, kept)
+    mask_ptr, mask_type = _operand("mask", mask, (full,), where, kept, MASKS)
+    ref_ptr, ref_type = _operand("ref_logp", ref_logp, (full,), where, kept)
+    rollout_ptr, rollout_type = _operand("rollout_logp", rollout_logp, (full,), where, kept)
+    weights_ptr, weights_type = _operand("importance_weights", importance_weights, per_row,
+                                         where, kept)
+    rows = torch.empty(batch, ext.POLICY_LOSS_ROW_STATS, dtype=torch.float64, device=where)
+    ext.policy_loss(backward=grad is not None, device=device, stream=stream(device),
+                    logp=logp_ptr, logp_type=logp_type, old_logp=old_ptr, old_logp_type=old_type,
+                    advantages=adv_ptr, advantages_type=adv_type, mask=mask_ptr,
+                    mask_type=mask_type, ref_logp=ref_ptr, ref_logp_type=ref_type,
+                    rollout_logp=rollout_ptr, rollout_logp_type=rollout_type,
+                    importance_weights=weights_ptr, importance_weights_type=weights_type,
                     B=batch, T=length, adv_per_token=advantages.dim() == 2,
                     weights_per_token=importance_weights is not None
                     and importance_weights.dim() == 2,
-                    settings=settings(options), rows=ptr(rows), loss=ptr(loss),
+                    settings=settings(options), rows=rows.data_ptr(), loss=ptr(loss),
                     metrics=ptr(metrics), grad_loss=ptr(grad_loss), grad=ptr(grad))
 
 
@@ -126,9 +136,11 @@ def backward(grad_loss: Tensor, logp: Tensor, old_logp: Tensor, advantages: Tens
              mask: Tensor, ref_logp: Tensor | None, rollout_logp: Tensor | None,
              importance_weights: Tensor | None, options: PolicyLossOptions) -> Tensor:
     """d(loss * grad_loss) / d logp, [B, T] in logp's dtype (zero at masked tokens)."""
-    device = device_of("logp", logp)
-    same_device("grad_loss", grad_loss, device)
-    upstream = grad_loss.to(torch.float32).reshape(())
+    if grad_loss.device != logp.device:
+        same_device("grad_loss", grad_loss, device_of("logp", logp))
+    upstream = grad_loss if grad_loss.dtype == torch.float32 else grad_loss.float()
+    if upstream.numel() != 1:
+        raise ValueError(f"grad_loss must hold one value; got shape {tuple(grad_loss.shape)}")
     grad = torch.empty(logp.shape, dtype=logp.dtype, device=logp.device)
     _launch(logp, old_logp, advantages, mask, ref_logp, rollout_logp, importance_weights,
             options, grad_loss=upstream, grad=grad)

@@ -129,6 +129,8 @@ def option_set(cls: type[Self]) -> type[Self]:
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
     cls._rules = tuple((field.name, field.metadata["rule"]) for field in fields)
     cls._cache = {}
+    cls._field_hash = cls.__hash__  # type: ignore[attr-defined]
+    cls.__hash__ = Options.cached_hash  # type: ignore[assignment]
     return cls
 
 
@@ -146,6 +148,15 @@ class Options:
 
     def check_combination(self) -> None:
         """Rules between fields (a subclass raises ValueError for a combination it refuses)."""
+
+    def cached_hash(self) -> int:
+        """The dataclass hash of every field, computed once per object: options objects are
+        dictionary keys on every call's path (option and backend caches)."""
+        found = self.__dict__.get("_hash")
+        if found is None:
+            found = self._field_hash()  # type: ignore[attr-defined]
+            object.__setattr__(self, "_hash", found)  # not a field: outside eq and hash
+        return found
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -34,28 +34,35 @@ TENSORS = ("logp", "old_logp", "advantages", "mask", "ref_logp", "rollout_logp",
            "importance_weights")
 
 
-def _companion(name: str, value: Tensor | None, logp: Tensor) -> Tensor | None:
-    """A [B, T] float tensor beside logp (None stays None)."""
-    if value is None:
-        return None
-    validate.tensor(name, value, FLOATS)
-    validate.shape(name, value, tuple(logp.shape), " (the shape of logp)")
-    validate.same_device(name, value, logp, "logp")
-    return value
+def _beside(name: str, value: Tensor, dtypes: tuple[torch.dtype, ...],
+            shapes: tuple[tuple[int, ...], ...], logp: Tensor) -> None:
+    """Check a tensor beside logp: one of `dtypes` and `shapes`, on logp's device. A few
+    attribute reads when it is right (this runs on every call); the message when not."""
+    if not isinstance(value, Tensor) or value.dtype not in dtypes:
+        validate.tensor(name, value, dtypes)
+    if value.shape not in shapes:
+        validate.shape(name, value, shapes[0], " (the shape of logp)")
+    if value.device != logp.device:
+        validate.same_device(name, value, logp, "logp")
 
 
 def _per_sequence_or_token(name: str, value: Tensor | None, logp: Tensor) -> Tensor | None:
     """[B] (one per sequence), [B, 1] (viewed as [B]) or [B, T] (one per token)."""
     if value is None:
         return None
-    validate.tensor(name, value, FLOATS)
     batch, length = logp.shape
-    shape = tuple(value.shape)
-    if shape not in ((batch,), (batch, 1), (batch, length)):
-        raise ValueError(f"{name} must have shape ({batch},) or ({batch}, 1) (one per "
-                         f"sequence) or ({batch}, {length}) (one per token); got {shape}")
-    validate.same_device(name, value, logp, "logp")
-    return value.reshape(batch) if shape == (batch, 1) else value
+    if not isinstance(value, Tensor) or value.dtype not in FLOATS:
+        validate.tensor(name, value, FLOATS)
+    shape = value.shape
+    if shape != (batch,) and shape != logp.shape:
+        if shape != (batch, 1):
+            raise ValueError(f"{name} must have shape ({batch},) or ({batch}, 1) (one per "
+                             f"sequence) or ({batch}, {length}) (one per token); got "
+                             f"{tuple(shape)}")
+        value = value.reshape(batch)
+    if value.device != logp.device:
+        validate.same_device(name, value, logp, "logp")
+    return value
 
 
 def _prepare(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
@@ -63,31 +70,41 @@ def _prepare(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
              importance_weights: Tensor | None, options: PolicyLossOptions) -> dict[str, Any]:
     """Validate the public arguments into kernel arguments: dtypes are kept (kernels read
     each in its own dtype), [B, 1] becomes [B]; nothing is copied."""
-    validate.tensor("logp", logp, FLOATS)
+    if not isinstance(logp, Tensor) or logp.dtype not in FLOATS:
+        validate.tensor("logp", logp, FLOATS)
     if logp.dim() != 2:
         raise ValueError(f"logp must be [B, T]; got shape {tuple(logp.shape)}")
-    validate.tensor("mask", mask, MASKS)
-    validate.shape("mask", mask, tuple(logp.shape), " (the shape of logp)")
-    validate.same_device("mask", mask, logp, "logp")
+    full = (logp.shape,)
+    _beside("old_logp", old_logp, FLOATS, full, logp)
+    _beside("mask", mask, MASKS, full, logp)
+    for name, value in (("ref_logp", ref_logp), ("rollout_logp", rollout_logp)):
+        if value is not None:
+            _beside(name, value, FLOATS, full, logp)
+    if options.kl_coef != 0.0 or options.kl_clamp is not None or options.kl_bias_correction:
+        _need_ref(options, ref_logp)
+    if options.tis_cap is not None and rollout_logp is None:
+        raise ValueError("tis_cap needs rollout_logp (the rollout engine's logp)")
+    return {
+        "logp": logp,
+        "old_logp": old_logp,
+        "advantages": _per_sequence_or_token("advantages", advantages, logp),
+        "mask": mask,
+        "ref_logp": ref_logp,
+        "rollout_logp": rollout_logp,
+        "importance_weights": _per_sequence_or_token("importance_weights", importance_weights,
+                                                     logp),
+        "options": options,
+    }
+
+
+def _need_ref(options: PolicyLossOptions, ref_logp: Tensor | None) -> None:
+    """ValueError when a KL setting is on and there is no ref_logp."""
     needs_ref = [name for name, on in (("kl_coef", options.kl_coef != 0.0),
                                        ("kl_clamp", options.kl_clamp is not None),
                                        ("kl_bias_correction", options.kl_bias_correction)) if on]
     if needs_ref and ref_logp is None:
         value = getattr(options, needs_ref[0])
         raise ValueError(f"{needs_ref[0]}={value} needs ref_logp (the reference policy's logp)")
-    if options.tis_cap is not None and rollout_logp is None:
-        raise ValueError("tis_cap needs rollout_logp (the rollout engine's logp)")
-    return {
-        "logp": logp,
-        "old_logp": _companion("old_logp", old_logp, logp),
-        "advantages": _per_sequence_or_token("advantages", advantages, logp),
-        "mask": mask,
-        "ref_logp": _companion("ref_logp", ref_logp, logp),
-        "rollout_logp": _companion("rollout_logp", rollout_logp, logp),
-        "importance_weights": _per_sequence_or_token("importance_weights", importance_weights,
-                                                     logp),
-        "options": options,
-    }
 
 
 def _flags(args: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -13,11 +13,11 @@ from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from rlk.dispatch import (
     Policy,
+    ScopedPolicy,
     Selection,
     captured_policy,
     current_policy,
     get_dispatcher,
-    scoped_policy,
 )
 from rlk.ops.contract import BoundKernel, MetaFn
 from rlk.registry import Kernel
@@ -183,14 +183,17 @@ class OpSpec:
         if eager.kernel_arguments is not None:
             args = eager.kernel_arguments(args)
         kernel = self.kernel(args)
-        inputs = [args[name] for name in eager.grad_inputs]
-        if not (torch.is_grad_enabled()
-                and any(t is not None and t.requires_grad for t in inputs)):
-            return kernel.forward(**args)
-        return _KernelFunction.apply(_Call(self, kernel, args, captured_policy()), *inputs)
+        if torch.is_grad_enabled():
+            for name in eager.grad_inputs:
+                value = args[name]
+                if value is not None and value.requires_grad:
+                    call = _Call(eager, kernel, args, captured_policy())
+                    return _apply(call, *(args[name] for name in eager.grad_inputs))
+        return kernel.forward(**args)
 
 
 _PLAIN_TENSORS = (Tensor, torch.nn.Parameter)
+_is_tracing = torch._C._get_tracing_state  # torch.jit.is_tracing without its Python layer
 
 
 def _traced(args: Mapping[str, Any]) -> bool:
@@ -199,20 +202,23 @@ def _traced(args: Mapping[str, Any]) -> bool:
     operator must run so that it sees one op."""
     if (torch.compiler.is_compiling() or is_in_torch_dispatch_mode()
             or torch._C._functorch.peek_interpreter_stack() is not None
-            or torch.jit.is_tracing()):
+            or _is_tracing() is not None):
         return True
-    return any(isinstance(value, Tensor) and type(value) not in _PLAIN_TENSORS
-               for value in args.values())
+    for value in args.values():  # a loop: any(...) costs 3x on every call
+        if isinstance(value, Tensor) and type(value) not in _PLAIN_TENSORS:
+            return True
+    return False
 
 
-@dataclass
 class _Call:
     """One eager call: what its backward needs besides the saved tensors."""
 
-    spec: OpSpec
-    kernel: BoundKernel
-    args: KernelArgs
-    policy: Policy | None
+    __slots__ = ("args", "eager", "kernel", "names", "policy")
+
+    def __init__(self, eager: EagerPath, kernel: BoundKernel, args: KernelArgs,
+                 policy: Policy | None):
+        self.eager, self.kernel, self.args, self.policy = eager, kernel, args, policy
+        self.names: tuple[str, ...] = ()
 
 
 class _KernelFunction(torch.autograd.Function):
@@ -224,34 +230,52 @@ class _KernelFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, call: _Call, *inputs: Tensor | None) -> Any:
-        eager = call.spec.eager
-        assert eager is not None
+        eager = call.eager
         args = dict(call.args)
         for name in eager.grad_inputs:
-            if args[name] is not None:
-                args[name] = args[name].detach()
+            value = args[name]
+            if value is not None:
+                args[name] = value.detach()
         outputs = call.kernel.forward(**args)
-        names = [name for name, value in args.items() if isinstance(value, Tensor)]
-        ctx.save_for_backward(*(args[name] for name in names))
-        ctx.names, ctx.call = names, call
-        ctx.rest = {name: value for name, value in args.items() if name not in names}
-        call.args = {}  # the tensors live in saved_tensors only
+        names, tensors = [], []
+        for name, value in args.items():
+            if isinstance(value, Tensor):
+                names.append(name)
+                tensors.append(value)
+        ctx.save_for_backward(*tensors)
+        for name in names:
+            args[name] = None  # the tensors live in saved_tensors only
+        call.names, call.args = tuple(names), args
+        ctx.call = call
         for index in eager.detached_outputs:
             ctx.mark_non_differentiable(outputs[index])
         ctx.set_materialize_grads(False)
         return outputs
 
     @staticmethod
-    @once_differentiable  # kernels have no double backward: say so instead of returning 0
     def backward(ctx: Any, *grads: Tensor | None) -> Any:
-        call: _Call = ctx.call
-        eager = call.spec.eager
-        assert eager is not None and eager.backward is not None
-        args = dict(ctx.rest)
-        args.update(zip(ctx.names, ctx.saved_tensors, strict=True))
-        with scoped_policy(call.policy):
-            input_grads = eager.backward(call.kernel, args, grads)
-        return (None, *input_grads)
+        if torch.is_grad_enabled():  # create_graph=True: kernels have no double backward
+            return _backward_once(ctx, *grads)
+        return _backward(ctx, *grads)
+
+
+def _backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
+    call: _Call = ctx.call
+    eager = call.eager
+    assert eager.backward is not None
+    args = dict(call.args)
+    for name, value in zip(call.names, ctx.saved_tensors, strict=True):
+        args[name] = value
+    with ScopedPolicy(call.policy):
+        return (None, *eager.backward(call.kernel, args, grads))
+
+
+# Under create_graph=True, once_differentiable says "no double backward" when one is asked
+# for instead of returning zeros; elsewhere its wrapping costs host time for nothing.
+_backward_once = once_differentiable(_backward)
+# Function.apply's Python layer unwraps functorch wrappers and binds defaults; a call that
+# reaches the eager path has neither (functorch transforms take the torch operator).
+_apply = super(torch.autograd.Function, _KernelFunction).apply
 
 
 def register_autograd(op: Any, backward: Callable[..., Any],
@@ -266,7 +290,7 @@ def register_autograd(op: Any, backward: Callable[..., Any],
         setup_context(ctx, inputs, output)
 
     def grad(ctx: Any, *grads: Any) -> Any:
-        with scoped_policy(ctx.rlk_policy):
+        with ScopedPolicy(ctx.rlk_policy):
             return backward(ctx, *grads)
 
     if isinstance(op, str):

@@ -129,6 +129,36 @@ NB_MODULE(_C, m) {
         "ignore_index"_a, "chunk"_a, "nchunks"_a, "partial"_a, "tok_logit"_a, "logp"_a, "entropy"_a,
         "lse"_a);
 
+  // linear_policy_loss: a float32 logits chunk's statistics and relative probabilities.
+  m.def("relative_probs_segments", &rlk::relative_probs_segments, nb::kw_only(), "V"_a);
+  m.def("relative_probs",
+        [](int device, uintptr_t stream, uintptr_t logits, int64_t N, int64_t V,
+           int64_t row_stride, uintptr_t out, int out_dtype, int64_t out_row_stride,
+           uintptr_t tokens, float temperature, uintptr_t temp_rows, int64_t ignore_index,
+           int nseg, uintptr_t partial, uintptr_t logp, uintptr_t entropy, uintptr_t lse,
+           uintptr_t scale) {
+          if (N > 0) {
+            require(logits, "logits");
+            require(out, "out");
+            require(tokens, "tokens");
+            require(partial, "partial");
+            require(logp, "logp");
+            require(entropy, "entropy");
+            require(lse, "lse");
+            require(scale, "scale");
+          }
+          prepare(device);
+          rlk::RelProbArgs a{ptr<const float>(logits), N, V, row_stride, ptr<void>(out),
+                             out_dtype, out_row_stride, ptr<const int64_t>(tokens), temperature,
+                             ptr<const float>(temp_rows), ignore_index, nseg,
+                             ptr<float>(partial), ptr<float>(logp), ptr<float>(entropy),
+                             ptr<double>(lse), ptr<float>(scale)};
+          check(rlk::relative_probs(a, reinterpret_cast<void*>(stream)));
+        },
+        nb::kw_only(), "device"_a, "stream"_a, "logits"_a, "N"_a, "V"_a, "row_stride"_a, "out"_a,
+        "out_dtype"_a, "out_row_stride"_a, "tokens"_a, "temperature"_a, "temp_rows"_a,
+        "ignore_index"_a, "nseg"_a, "partial"_a, "logp"_a, "entropy"_a, "lse"_a, "scale"_a);
+
   // Soft cap of a float32 logits chunk in place (grad 0), or its chain rule into grad.
   m.def("soft_cap",
         [](int device, uintptr_t stream, uintptr_t logits, int64_t N, int64_t C,

@@ -73,6 +73,21 @@ __device__ __forceinline__ uint4 pack<f16_t>(const float (&in)[8]) {
                     pack_f16x2(in[4], in[5]), pack_f16x2(in[6], in[7]));
 }
 
+// W values stored as O at dst: one 16-byte store, or one 8-byte store when O is half the width
+// of the type read (float32 logits, bf16/fp16 gradient).
+template <typename O, int W>
+__device__ __forceinline__ void store_grad(O* dst, const float (&x)[W]) {
+  if constexpr (sizeof(O) * W == 16) {
+    store_stream(reinterpret_cast<uint4*>(dst), pack<O>(x));
+  } else {
+    static_assert(sizeof(O) * W == 8, "a gradient vector is 8 or 16 bytes");
+    O v[W];
+#pragma unroll
+    for (int k = 0; k < W; ++k) v[k] = from_float<O>(x[k]);
+    *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(v);
+  }
+}
+
 // Elements before the first 16-byte boundary of a row (rows may start unaligned).
 template <typename T>
 __device__ __forceinline__ int64_t head_elems(const T* p, int64_t n) {

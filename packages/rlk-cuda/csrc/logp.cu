@@ -108,21 +108,6 @@ __global__ void logp_fwd_merge_kernel(LogpFwdArgs a) {
   finish_row(a, i, raw_tok, ri.tok, r, ri.inv_t);
 }
 
-// W gradient values stored as O at dst: one 16-byte store, or one 8-byte store when O is half
-// the width of the logits' type (float32 logits, bf16/fp16 gradient).
-template <typename O, int W>
-__device__ __forceinline__ void store_grad(O* dst, const float (&x)[W]) {
-  if constexpr (sizeof(O) * W == 16) {
-    store_stream(reinterpret_cast<uint4*>(dst), pack<O>(x));
-  } else {
-    static_assert(sizeof(O) * W == 8, "a gradient vector is 8 or 16 bytes");
-    O v[W];
-#pragma unroll
-    for (int k = 0; k < W; ++k) v[k] = from_float<O>(x[k]);
-    *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(v);
-  }
-}
-
 // Gradient of a row, written in one pass: (g*(onehot - p) - ge*p*(t + H)) / T with
 // t = x/T - lse, p = exp(t). Rows with no upstream gradient (or ignored) get zeros without
 // reading the logits; an out-of-range token gives NaN. Logits T, gradient O (T or narrower).

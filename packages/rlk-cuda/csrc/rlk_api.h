@@ -60,6 +60,30 @@ struct SoftCapArgs {
   int64_t grad_row_stride;
 };
 
+// A row chunk of float32 logits [N, V] of linear_policy_loss (relative_probs.cu): each row's
+// logp, entropy and lse, and out = its logits gradient divided by -(g / T) * scale, where g is
+// d loss / d logp of the row (known only after logp): e_j = exp(x_j / T - m) with the token's
+// entry less exp(lse - m); the offset m is the token's x / T (scale = p_tok) or, when p_tok is
+// too small for the output type, the row max / T. Ignored rows: zeros, scale 0; tokens outside
+// [0, V) or rows without a finite max: zeros, NaN scale (and NaN logp).
+struct RelProbArgs {
+  const float* logits;    // [N, V], rows on 16-byte boundaries
+  int64_t N, V, row_stride;
+  void* out;              // [N, V] in out_dtype, rows on 16-byte boundaries
+  int out_dtype;
+  int64_t out_row_stride;
+  const int64_t* tokens;  // [N]
+  float temperature;
+  const float* temp_rows; // [N] or nullptr
+  int64_t ignore_index;
+  int nseg;               // relative_probs_segments(V)
+  float* partial;         // [N, nseg, 3] scratch
+  float* logp;            // [N]
+  float* entropy;         // [N]
+  double* lse;            // [N]
+  float* scale;           // [N]
+};
+
 enum GroupAdvNormalize : int { kNormalizeStd = 0, kNormalizeBatchStd = 1, kNormalizeNone = 2 };
 struct GroupAdvArgs {
   const float* rewards;     // [N]
@@ -181,6 +205,8 @@ const char* logp_backward(const LogpBwdArgs& a, void* stream);
 const char* logp_cols_partial(const LogpColsArgs& a, void* stream);
 const char* logp_cols_merge(const LogpColsArgs& a, void* stream);
 const char* soft_cap(const SoftCapArgs& a, void* stream);
+int relative_probs_segments(int64_t V);
+const char* relative_probs(const RelProbArgs& a, void* stream);
 const char* group_advantages(const GroupAdvArgs& a, void* stream);
 const char* sample(const SampleArgs& a, void* stream);
 const char* policy_loss_forward(const PolicyLossArgs& a, void* stream);

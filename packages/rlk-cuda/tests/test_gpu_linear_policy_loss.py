@@ -60,6 +60,7 @@ def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.double() - want).norm() / want.norm().clamp_min(1e-30))
 
 
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.01])  # one read of the logits; two
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("chunk_mb", "length", "name", "path"), [
     (None, 64, "grpo-k3", "sequences"),
@@ -69,7 +70,8 @@ def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
     ("1", 64, "tis-seq-sum", "sequences"),
 ])
 def test_paths_against_float64(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype,
-                               chunk_mb: str | None, length: int, name: str, path: str) -> None:
+                               chunk_mb: str | None, length: int, name: str, path: str,
+                               entropy_coef: float) -> None:
     if chunk_mb is not None:
         monkeypatch.setenv("RLK_CUDA_CHUNK_MB", chunk_mb)
     data = _data(4, length, 64, 1300, dtype)
@@ -77,23 +79,70 @@ def test_paths_against_float64(monkeypatch: pytest.MonkeyPatch, dtype: torch.dty
     args = (data["tokens"], data["old_logp"], data["advantages"], data["mask"])
     leaves = [t.clone().requires_grad_(True) for t in (data["hidden"], data["weight"])]
     with rlk.use_backends("cuda", strict=True):
-        plan = rlk.explain("linear_policy_loss", *leaves, *args, entropy_coef=0.01,
+        plan = rlk.explain("linear_policy_loss", *leaves, *args, entropy_coef=entropy_coef,
                            temperature=0.9, **options).plan
-        loss, metrics = rlk.linear_policy_loss(*leaves, *args, entropy_coef=0.01,
+        loss, metrics = rlk.linear_policy_loss(*leaves, *args, entropy_coef=entropy_coef,
                                                temperature=0.9, **options)
         loss.backward()
     assert plan.startswith(f"{path}:")
+    assert ("read once" in plan) == (entropy_coef == 0.0 and path != "two-pass")
     f64 = [t.detach().double().requires_grad_(True) for t in (data["hidden"], data["weight"])]
     want = reference.linear_policy_loss(
         f64[0].reshape(-1, 64), f64[1], data["tokens"].reshape(-1), old_logp=data["old_logp"],
-        advantages=data["advantages"], mask=data["mask"], temperature=0.9, entropy_coef=0.01,
-        **_reference_options(options))
+        advantages=data["advantages"], mask=data["mask"], temperature=0.9,
+        entropy_coef=entropy_coef, **_reference_options(options))
     want[0].backward()
     assert abs(float(loss) - float(want[0])) <= 1e-5 * max(1.0, abs(float(want[0])))
     assert (metrics["logp"].reshape(-1).double() - want[2]).abs().max() < 1e-4
     limit = 1e-4 if dtype == torch.float32 else 2e-2  # bf16 gradients: a few roundings
     assert _relative(leaves[0].grad, f64[0].grad) < limit
     assert _relative(leaves[1].grad, f64[1].grad) < limit
+
+
+@pytest.mark.parametrize(("dtype", "temperature"), [
+    (torch.bfloat16, 1.0),
+    (torch.bfloat16, 0.05),  # most tokens' p < 2^-100: rows rewritten with the max offset
+    (torch.float16, 0.7),  # float16 holds e up to 2^14 only: many rows rewritten
+    (torch.float32, "rows"),  # a temperature per row
+])
+def test_one_read_edges_against_float64(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype,
+                                        temperature: float | str) -> None:
+    """Ignored tokens and masked positions with NaN hidden states, a bias, improbable tokens,
+    several blocks of 256-row logits chunks (the relative_probs path)."""
+    monkeypatch.setenv("RLK_CUDA_CHUNK_MB", "4")
+    batch, length, width, vocab = 6, 200, 64, 3001
+    data = _data(batch, length, width, vocab, dtype, seed=7)
+    tokens, mask, hidden = data["tokens"].clone(), data["mask"], data["hidden"].clone()
+    tokens[0, :7] = -100
+    tokens[2, 50] = vocab - 1
+    dead = (tokens == -100) | (mask == 0)
+    hidden[dead] = torch.nan
+    temp = (torch.rand(batch * length, device="cuda") + 0.5 if temperature == "rows"
+            else temperature)
+    bias = (torch.randn(vocab, device="cuda") * 0.5).to(dtype)
+    leaves = [t.clone().requires_grad_(True) for t in (hidden, data["weight"], bias)]
+    args = (tokens, data["old_logp"], data["advantages"], mask)
+    with rlk.use_backends("cuda", strict=True):
+        plan = rlk.explain("linear_policy_loss", leaves[0], leaves[1], *args, bias=leaves[2],
+                           temperature=temp).plan
+        loss, metrics = rlk.linear_policy_loss(leaves[0], leaves[1], *args, bias=leaves[2],
+                                               temperature=temp)
+        loss.backward()
+    assert "read once" in plan
+    f64 = [t.detach().double().requires_grad_(True)
+           for t in (hidden.masked_fill(dead[..., None], 0.0), data["weight"], bias)]
+    want = reference.linear_policy_loss(
+        f64[0].reshape(-1, width), f64[1], tokens.reshape(-1), old_logp=data["old_logp"],
+        advantages=data["advantages"], mask=mask, bias=f64[2], temperature=temp)
+    want[0].backward()
+    assert abs(float(loss) - float(want[0])) <= 1e-5 * max(1.0, abs(float(want[0])))
+    live = ~dead.reshape(-1)
+    got_logp = metrics["logp"].reshape(-1).double()
+    assert (got_logp[live] - want[2][live]).abs().max() < 1e-4
+    assert torch.isfinite(leaves[0].grad).all() and (leaves[0].grad[dead] == 0).all()
+    limit = 1e-4 if dtype == torch.float32 else 2e-2
+    for leaf, truth in zip(leaves, f64, strict=True):
+        assert _relative(leaf.grad, truth.grad) < limit
 
 
 @pytest.mark.parametrize("chunk_mb", [None, "64"])  # one row chunk; eight (bf16 accumulation)

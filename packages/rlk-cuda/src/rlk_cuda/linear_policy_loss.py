@@ -1,17 +1,28 @@
 """linear_policy_loss: rlk-core's three-GEMM loop with this package's kernels between the GEMMs.
 
-Per row chunk: one float32-output GEMM for the logits (rows padded to 8 elements), the logp
-forward kernel for logp, entropy and log-sum-exp, the policy loss's token gradients, the logp
-backward kernel writing d loss / d logits straight into the GEMM input dtype (no float32
-copy), then grad_hidden = g @ W into the chunk's rows and grad_weight += g.T @ hidden.
-grad_weight accumulates in the weight's dtype through cuBLAS (float32 arithmetic, one
-rounding per chunk), so no float32 copy of the weight's shape exists: the extra memory is the
-two chunk buffers, together within rlk_cuda.linear.chunk_bytes() (RLK_CUDA_CHUNK_MB).
+One read of the logits (`one_read`: no vocabulary shards, no soft cap, no entropy term in the
+loss). Rows go in blocks of whole sequences (or of tokens, for a token-level loss) sized by
+the chunk budget; each block's float32 logits are computed a few rows at a time (one
+float32-output GEMM) and read once by the relative_probs kernel, which writes the rows'
+logp, entropy and log-sum-exp and, into a block buffer in the GEMM input dtype, each row's
+logits gradient up to a factor known only once the loss's token gradient g is:
+d loss / d logits = -(g / T) * scale * e (csrc/relative_probs.cu). Then per block:
+grad_hidden = factor * (e @ W) and grad_weight += e.T @ (factor * hidden), so the weight
+gradient's GEMM runs over a whole block of rows (few passes over its output) and the
+logits are never read a second time.
+
+Otherwise, per block: the float32 logits, the logp forward kernel, the policy loss's token
+gradients, the logp backward kernel writing d loss / d logits in the GEMM input dtype, then
+the same two GEMMs. grad_weight accumulates in the weight's dtype through cuBLAS (float32
+arithmetic, one rounding per block), so no float32 copy of the weight's shape exists: the
+extra memory is the two buffers, together within rlk_cuda.linear.chunk_bytes()
+(RLK_CUDA_CHUNK_MB).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,36 +31,53 @@ from rlk.backend import linear_policy_loop as loop
 from rlk.backend import lm_head, selected_kernel
 from torch import Tensor
 
+from . import _ext
 from . import logp as logp_kernels
-from ._launch import device_of
+from ._launch import device_of, dtype_code, f32_empty, ptr, stream
 from .linear import chunk_bytes, padded, rows_view, soft_cap
 
 Temperature = float | Tensor
 _ROW_MULTIPLE = 128  # rows per chunk inside sequences: whole GEMM tiles
+_LOGITS_ROWS = 256  # rows per float32 logits GEMM on the one-read path
 
 
+@dataclass
 class CudaChunkOps(loop.ChunkOps):
-    """rlk-core's chunk steps on rlk_cuda's logp kernels and reused chunk buffers."""
+    """rlk-core's chunk steps on rlk_cuda's kernels and reused buffers; with `one_read`, the
+    relative_probs kernel and block GEMMs (the module docstring)."""
+
+    one_read: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._logits: Tensor | None = None
         self._grads: Tensor | None = None
+        self._block: _Block | None = None
+
+    def _logits_rows(self) -> int:
+        """Rows of one float32 logits GEMM: the whole block, or LOGITS_ROWS with one_read."""
+        return _LOGITS_ROWS if self.one_read else self.chunk_rows()
 
     def chunk_rows(self) -> int:
-        per_row = padded(self.vocab) * (4 + self.operand.element_size())
-        rows = chunk_bytes() // per_row
+        """Rows per block: the budget holds the float32 logits buffer and the block's
+        gradient rows in the GEMM input dtype."""
+        width = padded(self.vocab)
+        budget, grad_bytes = chunk_bytes(), self.operand.element_size()
+        if self.one_read:
+            rows = (budget - _LOGITS_ROWS * width * 4) // (width * grad_bytes)
+            return max(_LOGITS_ROWS, rows // _LOGITS_ROWS * _LOGITS_ROWS)
+        rows = budget // (width * (4 + grad_bytes))
         return max(1, rows // _ROW_MULTIPLE * _ROW_MULTIPLE or rows)
 
-    def _buffer(self, dtype: torch.dtype) -> Tensor:
-        return torch.empty(self.chunk_rows() * padded(self.weight.shape[0]), dtype=dtype,
+    def _buffer(self, rows: int, dtype: torch.dtype) -> Tensor:
+        return torch.empty(rows * padded(self.weight.shape[0]), dtype=dtype,
                            device=self.hidden.device)
 
     def logits(self, start: int, stop: int, pad: bool) -> Tensor:
         """Float32 (capped) logits; a vocabulary shard needs no -inf column here (the backward
         kernel takes vocab_total = shard + 1 instead)."""
         if self._logits is None:
-            self._logits = self._buffer(torch.float32)
+            self._logits = self._buffer(self._logits_rows(), torch.float32)
         vocab = self.weight.shape[0]
         out = rows_view(self._logits, stop - start, vocab)
         lm_head.float32_logits(self.hidden[start:stop], self.operand, self.bias, out=out)
@@ -68,7 +96,7 @@ class CudaChunkOps(loop.ChunkOps):
                     temperature: Temperature, ignore_index: int) -> Tensor:
         """d loss / d (raw logits) written by the backward kernel in the GEMM dtype."""
         if self._grads is None:
-            self._grads = self._buffer(self.operand.dtype)
+            self._grads = self._buffer(self.chunk_rows(), self.operand.dtype)
         rows, vocab = logits.shape
         grad = rows_view(self._grads, rows, vocab)
         logp_kernels.launch_backward(grad, logits, tokens.contiguous(), grad_logp, grad_entropy,
@@ -91,6 +119,41 @@ class CudaChunkOps(loop.ChunkOps):
         kernel = selected_kernel("policy_loss", dict(policy, logp=policy["old_logp"]))
         return loop.LossGrads(policy, entropy_coef, kernel=kernel, whole_batch=True)
 
+    def forward_rows(self, start: int, stop: int, tokens: Tensor, temperature: Temperature,
+                     ignore_index: int) -> tuple[Tensor, Tensor]:
+        if not self.one_read:
+            return super().forward_rows(start, stop, tokens, temperature, ignore_index)
+        if self._grads is None:
+            self._grads = self._buffer(self.chunk_rows(), self.operand.dtype)
+        count, vocab = stop - start, self.weight.shape[0]
+        block = _Block.empty(start, stop, tokens, temperature, self.hidden.device)
+        for first in range(0, count, _LOGITS_ROWS):
+            last = min(count, first + _LOGITS_ROWS)
+            logits = self.logits(start + first, start + last, pad=False)
+            out = rows_view(self._grads, count, vocab)[first:last]
+            _relative_probs(logits, out, block, first, last, ignore_index)
+        self._block = block
+        return block.logp, block.entropy
+
+    def backward_rows(self, grad_logp: Tensor, grad_entropy: Tensor | None,
+                      grads: loop.Grads) -> None:
+        if not self.one_read:
+            return super().backward_rows(grad_logp, grad_entropy, grads)
+        block, self._block = self._block, None
+        assert block is not None and grad_entropy is None and self._grads is not None
+        rows = slice(block.start, block.stop)
+        e = rows_view(self._grads, block.stop - block.start, self.weight.shape[0])
+        factor = block.factor(grad_logp)
+        if grads.hidden is not None:
+            grads.hidden[rows] = _float32_mm(e, self.operand).mul_(factor[:, None])
+        if grads.weight is not None:
+            # rows with no gradient: zero, whatever their hidden state (it may be NaN)
+            scaled = torch.where(factor[:, None] != 0, self.hidden[rows] * factor[:, None], 0.0)
+            grads.weight.addmm_(e.t(), scaled.to(e.dtype))
+        if grads.bias is not None:
+            grads.bias += _float32_mm(factor.to(e.dtype)[None], e)[0]
+        return None
+
     def hidden_grad(self, grad: Tensor, out: Tensor) -> None:
         if out.dtype == grad.dtype:
             torch.mm(grad, self.operand, out=out)
@@ -104,16 +167,90 @@ def forward(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
             needs_input_grad: tuple[bool, bool, bool]) -> tuple[Tensor, ...]:
     """The kernel contract of rlk-core's linear_policy_loss (see its native kernel)."""
     device_of("hidden", hidden)  # before any collective: a CPU call fails here, on every rank
-    ops = CudaChunkOps(hidden, weight, bias, softcap, group)
+    ops = CudaChunkOps(hidden, weight, bias, softcap, group,
+                       one_read=_one_read(softcap, group, entropy_coef))
     return loop.run(ops, tokens, lm_head.kernel_temperature(temperature, softcap),
                     ignore_index, entropy_coef, policy, needs_input_grad)
 
 
-def plan(hidden: Tensor, weight: Tensor, policy: dict[str, Any], **_: Any) -> str:
+def plan(hidden: Tensor, weight: Tensor, policy: dict[str, Any], softcap: float | None = None,
+         group: dist.ProcessGroup | None = None, entropy_coef: float = 0.0, **_: Any) -> str:
     """Which path `forward` takes for these kernel arguments, in words (for rlk.explain)."""
     length = policy["mask"].shape[1]
-    rows = CudaChunkOps(hidden, weight, None, None, None).chunk_rows()
-    return loop.describe(loop.choose_path(hidden.shape[0], length, rows, policy), rows, length)
+    one_read = _one_read(softcap, group, entropy_coef)
+    rows = CudaChunkOps(hidden, weight, None, softcap, group, one_read=one_read).chunk_rows()
+    path = loop.choose_path(hidden.shape[0], length, rows, policy)
+    words = loop.describe(path, rows, length)
+    if path == loop.TWO_PASS:
+        return words
+    how = ("the logits read once (relative_probs)" if one_read else
+           "the logits read twice (logp forward and backward kernels)")
+    return f"{words}; {how}"
+
+
+def _float32_mm(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b accumulated and written in float32 (cuBLAS's float32 output of reduced inputs)."""
+    if a.dtype == torch.float32:
+        return torch.mm(a, b)
+    return torch.mm(a, b, out_dtype=torch.float32)
+
+
+def _one_read(softcap: float | None, group: dist.ProcessGroup | None,
+              entropy_coef: float) -> bool:
+    """Whether the relative_probs path serves: its gradient factor covers logp's term only."""
+    return softcap is None and group is None and entropy_coef == 0.0
+
+
+@dataclass
+class _Block:
+    """One block's per-row results of the relative_probs kernel."""
+
+    start: int
+    stop: int
+    tokens: Tensor
+    temperature: Temperature
+    logp: Tensor
+    entropy: Tensor
+    lse: Tensor
+    scale: Tensor
+
+    @classmethod
+    def empty(cls, start: int, stop: int, tokens: Tensor, temperature: Temperature,
+              device: torch.device) -> _Block:
+        count = stop - start
+        return cls(start, stop, tokens.to(torch.int64).contiguous(), temperature,
+                   f32_empty(count, device=device), f32_empty(count, device=device),
+                   torch.empty(count, dtype=torch.float64, device=device),
+                   f32_empty(count, device=device))
+
+    def factor(self, grad_logp: Tensor) -> Tensor:
+        """-(g / T) * scale per row: 0 where g is 0 (ignored or masked rows, NaN scale)."""
+        inv_t = (1.0 / self.temperature.to(torch.float32) if isinstance(self.temperature, Tensor)
+                 else 1.0 / float(self.temperature))
+        factor = grad_logp.to(torch.float32) * inv_t * self.scale
+        return torch.where(grad_logp == 0, 0.0, factor.neg_())
+
+
+def _relative_probs(logits: Tensor, out: Tensor, block: _Block, first: int, last: int,
+                    ignore_index: int) -> None:
+    """Rows [first, last) of `block`: their statistics, and e into `out`."""
+    device = device_of("logits", logits)
+    ext = _ext.load()
+    num, vocab = logits.shape
+    nseg = ext.relative_probs_segments(V=vocab)
+    partial = f32_empty(num * nseg * 3, device=logits.device)
+    temperature = block.temperature
+    temp_rows = (temperature[first:last].to(torch.float32).contiguous()
+                 if isinstance(temperature, Tensor) else None)
+    ext.relative_probs(
+        device=device, stream=stream(device), logits=ptr(logits), N=num, V=vocab,
+        row_stride=logits.stride(0), out=ptr(out), out_dtype=dtype_code("out", out),
+        out_row_stride=out.stride(0), tokens=ptr(block.tokens[first:last]),
+        temperature=1.0 if temp_rows is not None else float(temperature),
+        temp_rows=ptr(temp_rows), ignore_index=int(ignore_index), nseg=nseg,
+        partial=ptr(partial), logp=ptr(block.logp[first:last]),
+        entropy=ptr(block.entropy[first:last]), lse=ptr(block.lse[first:last]),
+        scale=ptr(block.scale[first:last]))
 
 
 forward.plan = plan  # type: ignore[attr-defined]

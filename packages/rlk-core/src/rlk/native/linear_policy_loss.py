@@ -42,6 +42,31 @@ GEMMS = {SEQUENCES: 3, TOKENS: 3, TWO_PASS: 4}
 _LIVE = 6
 
 
+@dataclass
+class Grads:
+    """The gradient accumulators of one call (None: not wanted): grad_hidden (the rows'
+    gradients are written in place), the weight's accumulator (ChunkOps.new_weight_grad) and
+    a float32 bias gradient."""
+
+    hidden: Tensor | None
+    weight: Tensor | None
+    bias: Tensor | None
+
+
+@dataclass
+class _SavedRows:
+    """What ChunkOps.forward_rows keeps for backward_rows."""
+
+    start: int
+    stop: int
+    tokens: Tensor
+    temperature: Temperature
+    ignore_index: int
+    logits: Tensor
+    lse: Tensor
+    entropy: Tensor
+
+
 def _token_separable(policy: Mapping[str, Any]) -> bool:
     """Whether d loss / d logp_t needs only token t and the mask (sequence-level ratios and
     VESPO's sequence weight need the whole sequence first)."""
@@ -68,6 +93,7 @@ class ChunkOps:
 
     def __post_init__(self) -> None:
         self._kernel: Any = None
+        self._saved: _SavedRows | None = None
 
     @functools.cached_property
     def operand(self) -> Tensor:
@@ -133,6 +159,35 @@ class ChunkOps:
         if slope is not None:
             grad.mul_(slope)
         return grad.to(self.operand.dtype)
+
+    def forward_rows(self, start: int, stop: int, tokens: Tensor, temperature: Temperature,
+                     ignore_index: int) -> tuple[Tensor, Tensor]:
+        """(logp, entropy) of rows [start, stop); what backward_rows needs stays with `self`."""
+        logits = self.logits(start, stop, pad=self.group is not None)
+        logp, entropy, lse = _merged_stats(self, logits, tokens, temperature, ignore_index)
+        self._saved = _SavedRows(start, stop, tokens, temperature, ignore_index, logits, lse,
+                                 entropy)
+        return logp, entropy
+
+    def backward_rows(self, grad_logp: Tensor, grad_entropy: Tensor | None,
+                      grads: Grads) -> None:
+        """Fold d loss / d (logp, entropy) of the rows of the last forward_rows into `grads`."""
+        saved = self._saved
+        assert saved is not None, "backward_rows follows forward_rows"
+        self._saved = None
+        codes, code_ignore = _grad_codes(self, saved.tokens, saved.ignore_index)
+        grad = self.logits_grad(saved.logits, codes, grad_logp, grad_entropy, saved.lse,
+                                saved.entropy, saved.temperature, code_ignore)
+        rows = slice(saved.start, saved.stop)
+        if grads.hidden is not None:
+            self.hidden_grad(grad, grads.hidden[rows])
+        if grads.weight is not None:
+            # ignored rows have a zero logits gradient; their hidden state may be NaN
+            ignored = (saved.tokens == saved.ignore_index).unsqueeze(1)
+            self.add_weight_grad(grads.weight, grad,
+                                 self.hidden[rows].masked_fill(ignored, 0.0))
+        if grads.bias is not None:
+            grads.bias += grad.sum(dim=0, dtype=torch.float32)
 
     def new_weight_grad(self) -> Tensor:
         return torch.zeros(self.weight.shape, dtype=torch.float32, device=self.weight.device)
@@ -270,31 +325,18 @@ def run(ops: ChunkOps, tokens: Tensor, temperature: Temperature, ignore_index: i
                          (want_h, want_w, want_b))
     step = ops.chunk_rows() if path == TOKENS else max(1, ops.chunk_rows() // length) * length
     sharded = ops.group is not None
-    grad_hidden = (torch.empty(hidden.shape, dtype=torch.float32 if sharded else hidden.dtype,
-                               device=device) if want_h else None)
-    grad_weight = ops.new_weight_grad() if want_w else None
-    grad_bias = torch.zeros(weight.shape[0], **f32) if want_b else None
-    codes, code_ignore = _grad_codes(ops, tokens, ignore_index)
+    grads = Grads(
+        hidden=(torch.empty(hidden.shape, dtype=torch.float32 if sharded else hidden.dtype,
+                            device=device) if want_h else None),
+        weight=ops.new_weight_grad() if want_w else None,
+        bias=torch.zeros(weight.shape[0], **f32) if want_b else None)
     for start, stop in _chunks(rows, step):
-        temp = _slice(temperature, start, stop)
-        chunk_tokens = tokens[start:stop]
-        logits = ops.logits(start, stop, pad=sharded)
-        part_logp, part_entropy, lse = _merged_stats(ops, logits, chunk_tokens, temp,
-                                                     ignore_index)
-        logp[start:stop], entropy[start:stop] = part_logp, part_entropy
-        grad_logp, grad_entropy = grads_of(logp, start, stop)
-        grad = ops.logits_grad(logits, codes[start:stop], grad_logp, grad_entropy, lse,
-                               part_entropy, temp, code_ignore)
-        if grad_hidden is not None:
-            ops.hidden_grad(grad, grad_hidden[start:stop])
-        if grad_weight is not None:
-            # ignored rows have a zero logits gradient; their hidden state may be NaN
-            ignored = (chunk_tokens == ignore_index).unsqueeze(1)
-            ops.add_weight_grad(grad_weight, grad, hidden[start:stop].masked_fill(ignored, 0.0))
-        if grad_bias is not None:
-            grad_bias += grad.sum(dim=0, dtype=torch.float32)
-    if grad_hidden is not None and ops.group is not None:
-        dist.all_reduce(grad_hidden, op=dist.ReduceOp.SUM, group=ops.group)
+        logp[start:stop], entropy[start:stop] = ops.forward_rows(
+            start, stop, tokens[start:stop], _slice(temperature, start, stop), ignore_index)
+        ops.backward_rows(*grads_of(logp, start, stop), grads)
+    if grads.hidden is not None and ops.group is not None:
+        dist.all_reduce(grads.hidden, op=dist.ReduceOp.SUM, group=ops.group)
+    grad_hidden, grad_weight, grad_bias = grads.hidden, grads.weight, grads.bias
     loss, metrics = grads_of.loss(logp, entropy)
     return (loss, metrics, logp,
             _or_empty(None if grad_hidden is None else grad_hidden.to(hidden.dtype), hidden),

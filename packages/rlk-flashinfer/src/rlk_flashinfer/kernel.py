@@ -10,11 +10,41 @@ the kernel, on its logits alone: the host never waits for it.
 
 from __future__ import annotations
 
+import math
+
+import torch
 import triton
 import triton.language as tl
 
 from rlk_flashinfer import full_vocabulary, shortlist
+from rlk_flashinfer.full_vocabulary import CHUNK
 from rlk_flashinfer.seeds import uniform
+
+
+def chunk_statistics(logits: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(maxima, sums) float32 [B, slots]: full_vocabulary.chunk_stats of contiguous logits."""
+    batch, vocab = logits.shape
+    chunks = triton.cdiv(vocab, CHUNK)
+    maxima = torch.empty(batch, triton.next_power_of_2(chunks), dtype=torch.float32,
+                         device=logits.device)
+    sums = torch.empty_like(maxima)
+    full_vocabulary.chunk_stats[(batch, chunks)](logits, vocab, temperature, maxima, sums,
+                                                 maxima.shape[1], CHUNK, num_warps=8)
+    return maxima, sums
+
+
+def sample(logits: torch.Tensor, seeds: torch.Tensor, maxima: torch.Tensor, sums: torch.Tensor,
+           values: torch.Tensor, indices: torch.Tensor, temperature: float, top_k: int,
+           top_p: float, min_p: float, tokens: torch.Tensor, processed: torch.Tensor) -> None:
+    """Launch sample_rows over the batch; `values`/`indices` [B, K] are the shortlists
+    (K = 0: none), top_k is 0 or below V."""
+    batch, vocab = logits.shape
+    size = values.shape[1]
+    sample_rows[(batch,)](
+        logits, vocab, seeds, maxima, sums, values, indices, size, temperature, top_k, top_p,
+        math.log(min_p) if min_p > 0.0 else 0.0, tokens, processed, maxima.shape[1], CHUNK,
+        triton.cdiv(vocab, CHUNK), triton.next_power_of_2(size) if size else 0, top_k > 0,
+        top_p < 1.0, min_p > 0.0, num_warps=8)
 
 
 @triton.jit

@@ -15,12 +15,9 @@ from __future__ import annotations
 import math
 
 import torch
-import triton
 
 from rlk.backend import drawn_logp
-from rlk_flashinfer import library, shortlist
-from rlk_flashinfer.full_vocabulary import CHUNK, chunk_stats
-from rlk_flashinfer.kernel import sample_rows
+from rlk_flashinfer import library
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 BLOCK_ELEMENTS = 1 << 28  # FlashInfer's top-k indexes a launch with 32-bit row * vocab
@@ -44,20 +41,14 @@ def sample(
     processed = torch.empty(batch, dtype=torch.float32, device=device)
     k = top_k if 0 < top_k < vocab else 0
     if batch > 0:
+        from rlk_flashinfer import kernel, shortlist  # Triton: imported on first use
+
         logits = logits.contiguous()
-        chunks = triton.cdiv(vocab, CHUNK)
-        slots = triton.next_power_of_2(chunks)
-        maxima = torch.empty(batch, slots, dtype=torch.float32, device=device)
-        sums = torch.empty_like(maxima)
-        chunk_stats[(batch, chunks)](logits, vocab, temperature, maxima, sums, slots, CHUNK,
-                                     num_warps=8)
+        maxima, sums = kernel.chunk_statistics(logits, temperature)
         size = shortlist.size(vocab, k, top_p, min_p)
         values, indices = _shortlists(logits, size or 0)
-        sample_rows[(batch,)](
-            logits, vocab, seeds.to(device), maxima, sums, values, indices, size or 0,
-            temperature, k, top_p, math.log(min_p) if min_p > 0.0 else 0.0, tokens, processed,
-            slots, CHUNK, chunks, triton.next_power_of_2(size) if size else 0, k > 0, top_p < 1.0,
-            min_p > 0.0, num_warps=8)
+        kernel.sample(logits, seeds.to(device), maxima, sums, values, indices, temperature, k,
+                      top_p, min_p, tokens, processed)
     logp = drawn_logp(logits, tokens, temperature)
     if (k, top_p, min_p) == (0, 1.0, 0.0):  # the kept set is the whole vocabulary
         processed = logp.clone()

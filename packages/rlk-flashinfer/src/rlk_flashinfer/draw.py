@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-_UNITS = 1099511627776.0  # 2**40
+_UNITS = tl.constexpr(1099511627776.0)  # 2**40
 
 
 @triton.jit

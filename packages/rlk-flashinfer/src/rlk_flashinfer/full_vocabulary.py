@@ -24,7 +24,7 @@ import triton.language as tl
 from rlk_flashinfer.draw import key, pick
 
 CHUNK = 4096
-_KEY_LOW = -2139095041  # key(-inf)
+_KEY_LOW = tl.constexpr(-2139095041)  # key(-inf)
 
 
 @triton.jit

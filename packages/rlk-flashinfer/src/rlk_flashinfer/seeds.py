@@ -14,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-_GAMMA = 0x9E3779B97F4A7C15
+_GAMMA = tl.constexpr(0x9E3779B97F4A7C15)
 
 
 @triton.jit

@@ -85,8 +85,8 @@ def sample_rows(logits, vocab, seeds, maxima, sums, values, indices, size,
                 threshold = full_vocabulary.filter_chunks(
                     row_logits, vocab, top, temperature, top_k, top_p, log_min_p, row_maxima,
                     row_sums, CHUNK, COUNT, TOP_K, TOP_P, MIN_P)
-            token, log_q = full_vocabulary.draw(
+            drawn, log_drawn = full_vocabulary.draw(
                 row_logits, vocab, top, temperature, threshold, log_min_p, row_maxima,
                 row_sums, uniform(seed, 1), uniform(seed, 2), CHUNKS, CHUNK, COUNT, MIN_P)
-            tl.store(tokens + row, token)
-            tl.store(processed + row, log_q.to(tl.float32))
+            tl.store(tokens + row, drawn)
+            tl.store(processed + row, log_drawn.to(tl.float32))

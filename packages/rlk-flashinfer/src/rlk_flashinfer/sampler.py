@@ -59,12 +59,16 @@ def _shortlists(logits: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Te
     """FlashInfer's radix top-k of every row, unsorted (the kernel orders ties itself), in
     launches of at most BLOCK_ELEMENTS logits; empty tensors when `size` is 0."""
     batch, vocab = logits.shape
+    per_block = max(1, BLOCK_ELEMENTS // vocab)
+    if size > 0 and batch <= per_block:  # one launch: its outputs as they are
+        shortlists: tuple[torch.Tensor, torch.Tensor] = library.load_topk().top_k(
+            logits, size, sorted=False, deterministic=True)
+        return shortlists
     values = torch.empty(batch, size, dtype=logits.dtype, device=logits.device)
     indices = torch.empty(batch, size, dtype=torch.int64, device=logits.device)
     if size == 0:
         return values, indices
     top_k = library.load_topk().top_k
-    per_block = max(1, BLOCK_ELEMENTS // vocab)
     for start in range(0, batch, per_block):
         part = slice(start, min(start + per_block, batch))
         values[part], indices[part] = top_k(logits[part], size, sorted=False,

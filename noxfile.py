@@ -42,6 +42,7 @@ def tests(session: nox.Session) -> None:
     """Every CPU test: core, plugins through entry points, the conformance kit on native."""
     _install_core(session, "[dev]")
     session.install("-e", TEST_BACKEND, *[arg for p in PURE_PLUGINS for arg in ("-e", p)])
+    session.install("triton==3.6.0")  # rlk-flashinfer's kernels, run by Triton's interpreter
     # One pytest process per package: each package's test helpers stay its own.
     for suite in ("packages/rlk-core/tests", "tests", *[f"{p}/tests" for p in PURE_PLUGINS]):
         session.run("python", "-m", "pytest", suite, *session.posargs, env=STRICT_ENV)

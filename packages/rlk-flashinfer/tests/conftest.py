@@ -1,12 +1,21 @@
-"""Fixture: a fake `flashinfer` injected through sys.modules for one test."""
+"""Fixture: a fake `flashinfer` injected through sys.modules for one test.
+
+Without a CUDA device the backend's Triton kernels run in Triton's interpreter
+(TRITON_INTERPRET=1, set before anything imports triton), on CPU tensors.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -27,6 +27,7 @@ def _nvcc(folder: Path) -> Path:
 
 @pytest.fixture
 def gpu_visible(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(probe, "triton_reason", lambda: None)
     monkeypatch.setattr(torch.version, "hip", None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -70,8 +71,16 @@ def test_unknown_version(fake: FakeFlashInfer, monkeypatch):
     assert "version is unknown" in str(probe.probe(CUDA))
 
 
+def test_triton_missing(fake: FakeFlashInfer, monkeypatch):
+    monkeypatch.setattr(library, "installed_version", lambda: "0.6.8")
+    monkeypatch.setitem(sys.modules, "triton", None)
+    assert probe.probe(CUDA) == ("triton is not installed (the backend's kernels are Triton; "
+                                 "torch's CUDA wheels bring it: pip install triton)")
+
+
 def test_no_cuda_device(fake: FakeFlashInfer, monkeypatch, clean_env):
     monkeypatch.setattr(library, "installed_version", lambda: "0.6.8")
+    monkeypatch.setattr(probe, "triton_reason", lambda: None)
     assert probe.probe(torch.device("cpu")) == (
         "no CUDA device (FlashInfer runs on NVIDIA GPUs; asked for cpu)"
     )
@@ -91,7 +100,7 @@ def test_nvcc_missing_names_where_it_looked(fake, monkeypatch, gpu_visible, clea
     monkeypatch.setattr(library, "installed_version", lambda: "0.6.8")
     reason = probe.probe(CUDA)
     assert reason is not None and "\n" not in reason
-    assert reason.startswith("flashinfer would JIT-compile its sampling and topk kernels but nvcc")
+    assert reason.startswith("flashinfer would JIT-compile its topk kernels but nvcc")
     assert "CUDA_HOME (unset)" in reason and "PATH" in reason
     toolkit = clean_env / "toolkit"
     toolkit.mkdir()
@@ -116,7 +125,7 @@ def test_nvcc_found_in_each_place(fake, monkeypatch, gpu_visible, clean_env):
 def test_a_prebuilt_module_needs_no_nvcc(fake, monkeypatch, gpu_visible, clean_env):
     monkeypatch.setattr(library, "installed_version", lambda: "0.6.8")
     built = clean_env / "home" / ".cache" / "flashinfer" / "0.6.8" / "90" / "cached_ops"
-    (built / "sampling").mkdir(parents=True)
+    (built / "sampling").mkdir(parents=True)  # a module the backend does not use
     (built / "sampling" / "sampling.so").write_bytes(b"")
     assert probe.probe(CUDA) == ("flashinfer would JIT-compile its topk kernels but nvcc is not "
                                  f"found (looked in CUDA_HOME (unset), CUDA_PATH (unset), PATH, "
@@ -125,7 +134,7 @@ def test_a_prebuilt_module_needs_no_nvcc(fake, monkeypatch, gpu_visible, clean_e
     (built / "topk" / "topk.so").write_bytes(b"")
     assert probe.probe(CUDA) is None
     monkeypatch.setattr(library, "installed_version", lambda: "0.6.9")  # other version's cache
-    assert "sampling and topk kernels but nvcc is not found" in str(probe.probe(CUDA))
+    assert "topk kernels but nvcc is not found" in str(probe.probe(CUDA))
 
 
 def test_jit_disabled_without_prebuilt(fake, monkeypatch, gpu_visible, clean_env):
@@ -133,14 +142,12 @@ def test_jit_disabled_without_prebuilt(fake, monkeypatch, gpu_visible, clean_env
     _nvcc(clean_env / "bin")
     monkeypatch.setenv("FLASHINFER_DISABLE_JIT", "1")
     assert probe.probe(CUDA) == (
-        "FLASHINFER_DISABLE_JIT is set and no prebuilt FlashInfer sampling module was found"
-    )
-    built = clean_env / "home" / ".cache" / "flashinfer" / "0.6.8" / "90" / "cached_ops"
-    (built / "sampling").mkdir(parents=True)
-    (built / "sampling" / "sampling.so").write_bytes(b"")
-    assert probe.probe(CUDA) == (
         "FLASHINFER_DISABLE_JIT is set and no prebuilt FlashInfer topk module was found"
     )
+    built = clean_env / "home" / ".cache" / "flashinfer" / "0.6.8" / "90" / "cached_ops"
+    (built / "topk").mkdir(parents=True)
+    (built / "topk" / "topk.so").write_bytes(b"")
+    assert probe.probe(CUDA) is None
 
 
 def test_probe_imports_nothing_heavy(monkeypatch):

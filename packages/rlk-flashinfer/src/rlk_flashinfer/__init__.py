@@ -1,6 +1,6 @@
-"""rlk backend `flashinfer`: `rlk.sample` through FlashInfer's sampling kernels.
+"""rlk backend `flashinfer`: `rlk.sample` on FlashInfer's radix top-k and rlk's Triton kernels.
 
-Importing this package never imports FlashInfer; the kernel imports it on first use.
+Importing this package never imports FlashInfer or Triton; the kernel imports them on first use.
 """
 
 from __future__ import annotations

@@ -1,47 +1,47 @@
-"""One token per row from non-negative weights by the inverse CDF (`pick`), in two levels
-over a whole vocabulary (`draw`).
+"""The exact inverse-CDF pick inside the kernel, and the order keys of float32 values.
 
-A row's weights are summed in chunks of CHUNK entries (the only full read of the weights);
-the first uniform picks a chunk by those sums, the second a token inside it. Both levels
-compare integer (fixed-point) cumulative sums, so the pick is exact: an entry of weight zero
-is never drawn, whatever the rounding of the float sums, and every entry of positive weight
-keeps its share to within 2**-40 of the row's total.
+`pick` compares integer (fixed-point) cumulative sums, so the pick is exact: an entry of
+weight zero is never drawn, whatever the rounding of the float sums, and every entry of
+positive weight keeps its share to within 2**-40 of the total. The full-vocabulary draw
+uses it twice (a chunk by the chunks' masses, then a token inside the chunk); the
+shortlist once.
+
+`key` maps float32 values to int32 keys in the same order (for non-NaN values, -0.0 made
++0.0 first), so that a threshold can be found by bisection on integers and a float and
+an index can be packed into one sortable int64.
 """
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+import triton
+import triton.language as tl
 
-CHUNK = 1024
-_UNITS = 2.0**40
-
-
-def pick(weights: Tensor, u: Tensor) -> Tensor:
-    """Per row of `weights` [R, n] (each with a positive entry): the index whose cumulative
-    interval holds u * total, for u [R] in [0, 1)."""
-    total = weights.sum(-1, keepdim=True, dtype=torch.float64)
-    share = (weights.double() / total * _UNITS).ceil().clamp_min(1.0)
-    units = torch.where(weights > 0, share, 0.0).to(torch.int64)
-    cumulative = units.cumsum(-1)
-    last = cumulative[:, -1]
-    target = torch.minimum((u * last.double()).floor().to(torch.int64), last - 1)
-    index = torch.searchsorted(cumulative, target[:, None], right=True)[:, 0]
-    # an index never leaves the row, whatever the weights (NaN ones make the sums garbage)
-    return index.clamp(0, weights.shape[-1] - 1)
+_UNITS = tl.constexpr(1099511627776.0)  # 2**40
 
 
-def draw(weights: Tensor, uniforms: Tensor) -> tuple[Tensor, Tensor]:
-    """(token int64 [R], total weight float64 [R]) for weights [R, V] and uniforms [R, 2]."""
-    rows, vocab = weights.shape
-    whole = vocab // CHUNK * CHUNK
-    sums = [weights[:, :whole].reshape(rows, -1, CHUNK).sum(-1, dtype=torch.float64)]
-    if whole < vocab:
-        sums.append(weights[:, whole:].sum(-1, keepdim=True, dtype=torch.float64))
-    chunk_sums = torch.cat(sums, dim=1)
-    chunk = pick(chunk_sums, uniforms[:, 0])
-    columns = chunk[:, None] * CHUNK + torch.arange(CHUNK, device=weights.device)
-    inside = columns < vocab
-    part = weights.gather(1, columns.clamp_max(vocab - 1)).masked_fill(~inside, 0.0)
-    token = chunk * CHUNK + pick(part, uniforms[:, 1])
-    return token, chunk_sums.sum(-1)
+@triton.jit
+def pick(weights, u):
+    """The position in the 1-D float64 block `weights` (non-negative, one entry positive)
+    whose cumulative interval holds u * total, for a float64 u in [0, 1)."""
+    total = tl.sum(weights, 0)
+    share = tl.maximum(tl.ceil(weights / total * _UNITS), 1.0)
+    units = tl.where(weights > 0, share, 0.0).to(tl.int64)
+    cumulative = tl.cumsum(units, 0)
+    last = tl.sum(units, 0)
+    target = tl.minimum(tl.floor(u * last.to(tl.float64)).to(tl.int64), last - 1)
+    position = tl.sum((cumulative <= target).to(tl.int32), 0)
+    # never past the block, whatever the weights (NaN ones make the sums garbage)
+    return tl.minimum(position, weights.shape[0] - 1)
+
+
+@triton.jit
+def key(x):
+    """int32 keys ordered as the float32 values `x` are (-0.0 counts as +0.0)."""
+    bits = (x + 0.0).to(tl.int32, bitcast=True)
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
+def value(k):
+    """The float32 value of an int32 key (the inverse of `key`)."""
+    return (k ^ ((k >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)

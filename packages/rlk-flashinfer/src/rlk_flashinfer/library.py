@@ -53,11 +53,6 @@ def version_reason(version: str | None) -> str | None:
     return None
 
 
-def load_sampling() -> ModuleType:
-    """Import `flashinfer.sampling` on first use, refusing an unsupported version clearly."""
-    return _load_submodule("sampling")
-
-
 def load_topk() -> ModuleType:
     """Import `flashinfer.topk` (radix top-k) on first use, refusing an unsupported version."""
     return _load_submodule("topk")

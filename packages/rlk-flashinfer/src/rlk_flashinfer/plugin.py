@@ -15,9 +15,8 @@ PRIORITY = 150
 @hookimpl
 def rlk_register(registry: Registry) -> None:
     registry.add_backend("flashinfer", priority=PRIORITY, probe=probe, version=__version__)
-    # No batch_invariant claim: FlashInfer's softmax splits the vocabulary across blocks
-    # only for batches of at most 128 rows, so a row's float32 probabilities (not its
-    # random stream) can differ in the last bit with the batch size.
+    # No batch_invariant claim (yet): tokens and processed_logp come from one program per
+    # row, but logp is whatever the selected logp backend returns, and that was not audited.
     registry.add_kernel("sample", "flashinfer", "rlk_flashinfer.sampler:sample",
                         devices=("cuda",),
                         dtypes=(torch.float32, torch.bfloat16, torch.float16))

@@ -1,6 +1,7 @@
 """Can the flashinfer backend serve a device? One cheap answer, never initialising CUDA.
 
-FlashInfer ships its kernels as CUDA sources and compiles them with nvcc on first use
+The backend's own kernels are Triton (torch's CUDA wheels bring it); FlashInfer ships its
+kernels as CUDA sources and compiles them with nvcc on first use
 unless a prebuilt module exists (the flashinfer-jit-cache package, AOT modules inside
 the wheel, or an earlier JIT build in its cache). The probe mirrors how FlashInfer
 looks for nvcc so that a missing compiler shows up in `rlk-core doctor`, not as a
@@ -12,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -29,9 +31,23 @@ def probe(device: torch.device) -> str | None:
     version = library.installed_version()
     return (
         library.version_reason(version)
+        or triton_reason()
         or device_reason(device)
         or compiler_reason(os.environ, version or "")
     )
+
+
+def triton_reason() -> str | None:
+    """None when `import triton` can find a module (the backend's kernels are Triton)."""
+    if "triton" in sys.modules:
+        found = sys.modules["triton"] is not None
+    else:
+        try:
+            found = importlib.util.find_spec("triton") is not None
+        except (ImportError, ValueError):
+            found = False
+    return None if found else ("triton is not installed (the backend's kernels are Triton; "
+                               "torch's CUDA wheels bring it: pip install triton)")
 
 
 def device_reason(device: torch.device) -> str | None:
@@ -48,8 +64,8 @@ def device_reason(device: torch.device) -> str | None:
     return None
 
 
-# FlashInfer's JIT modules the backend calls: the samplers' renormalisations and the top-k.
-MODULES = ("sampling", "topk")
+# FlashInfer's JIT modules the backend calls: the radix top-k.
+MODULES = ("topk",)
 
 
 def compiler_reason(env: Mapping[str, str], version: str) -> str | None:

@@ -1,16 +1,13 @@
-"""The `sample` kernel: FlashInfer selects and filters, rlk draws and computes log-probs.
+"""The `sample` kernel: FlashInfer's radix top-k selects, rlk's Triton kernels draw.
 
-Every row is first served from its shortlist (rlk_flashinfer.shortlist): FlashInfer's radix
-top-k gives its K largest logits and, when the filters keep nothing beyond them, the row is
-done in float64 on those K. The other rows, and plain sampling, take the full-vocabulary
-path (rlk_flashinfer.full_vocabulary: FlashInfer's softmax and renormalisations). Which
-path a row takes depends on its logits alone.
-
-The draw is rlk's own on both paths, from uniforms of the row's seed
-(rlk_flashinfer.seeds): FlashInfer's samplers key a row's random numbers by its position in
-the launch, so with them a row's token would depend on the batch. Every FlashInfer kernel
-runs once per block of rows, whatever the seeds. `logp` comes from `rlk.logp` itself, so it
-matches it bit for bit.
+A call is a handful of launches and never waits for the device:
+  full_vocabulary.chunk_stats   one read of the logits: per chunk its maximum and sum-exp
+  flashinfer.top_k              each row's shortlist, when a filter can bound the kept set
+  kernel.sample_rows            one program per row: validity, shortlist or whole vocabulary
+  rlk.logp                      `logp` of the drawn tokens, so that it matches bit for bit
+The draw uses uniforms of the row's own seed (rlk_flashinfer.seeds): FlashInfer's samplers
+key a row's random numbers by its position in the launch (0.7) or read one seed for all
+rows (0.6), so with them a row's token would depend on the batch.
 """
 
 from __future__ import annotations
@@ -20,10 +17,10 @@ import math
 import torch
 
 from rlk.backend import drawn_logp
-from rlk_flashinfer import full_vocabulary, library, shortlist
-from rlk_flashinfer.seeds import uniforms
+from rlk_flashinfer import library
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+BLOCK_ELEMENTS = 1 << 28  # FlashInfer's top-k indexes a launch with 32-bit row * vocab
 
 
 def sample(
@@ -36,57 +33,58 @@ def sample(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One token per row; returns (tokens int64 [B], logp f32 [B], processed_logp f32 [B])."""
     check_arguments(logits, temperature, top_k, top_p, min_p, seeds)
+    if temperature == 0.0:
+        return _greedy(logits)
     batch, vocab = logits.shape
     device = logits.device
-    tokens = torch.full((batch,), -1, dtype=torch.int64, device=device)
-    processed = torch.full((batch,), math.nan, dtype=torch.float64, device=device)
-    full = torch.zeros(batch, dtype=torch.bool, device=device)
-    log_mass = torch.full((batch,), math.nan, dtype=torch.float64, device=device)
+    tokens = torch.empty(batch, dtype=torch.int64, device=device)
+    processed = torch.empty(batch, dtype=torch.float32, device=device)
+    k = top_k if 0 < top_k < vocab else 0
     if batch > 0:
+        from rlk_flashinfer import kernel, shortlist  # Triton: imported on first use
+
+        logits = logits.contiguous()
+        maxima, sums = kernel.chunk_statistics(logits, temperature)
+        size = shortlist.size(vocab, k, top_p, min_p)
+        values, indices = _shortlists(logits, size or 0)
+        kernel.sample(logits, seeds.to(device), maxima, sums, values, indices, temperature, k,
+                      top_p, min_p, tokens, processed)
+    logp = drawn_logp(logits, tokens, temperature)
+    if (k, top_p, min_p) == (0, 1.0, 0.0):  # the kept set is the whole vocabulary
+        processed = logp.clone()
+    return tokens, logp, processed
+
+
+def _shortlists(logits: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashInfer's radix top-k of every row, unsorted (the kernel orders ties itself), in
+    launches of at most BLOCK_ELEMENTS logits; empty tensors when `size` is 0."""
+    batch, vocab = logits.shape
+    per_block = max(1, BLOCK_ELEMENTS // vocab)
+    if size > 0 and batch <= per_block:  # one launch: its outputs as they are
+        shortlists: tuple[torch.Tensor, torch.Tensor] = library.load_topk().top_k(
+            logits, size, sorted=False, deterministic=True)
+        return shortlists
+    values = torch.empty(batch, size, dtype=logits.dtype, device=logits.device)
+    indices = torch.empty(batch, size, dtype=torch.int64, device=logits.device)
+    if size == 0:
+        return values, indices
+    top_k = library.load_topk().top_k
+    for start in range(0, batch, per_block):
+        part = slice(start, min(start + per_block, batch))
+        values[part], indices[part] = top_k(logits[part], size, sorted=False,
+                                            deterministic=True)
+    return values, indices
+
+
+def _greedy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Temperature 0: the first largest logit, logp at T = 1, processed_logp 0."""
+    tokens = torch.full((logits.shape[0],), -1, dtype=torch.int64, device=logits.device)
+    if logits.shape[0] > 0:
         # amax is NaN for a row holding NaN, +inf for one holding +inf, -inf for all -inf.
         valid = torch.isfinite(logits.amax(dim=-1))
-        if temperature == 0.0:
-            tokens = torch.where(valid, logits.argmax(dim=-1), tokens)
-        else:
-            k = top_k if 0 < top_k < vocab else 0
-            u = uniforms(seeds.to(device), 2)
-            full = valid & ~_sample_shortlists(logits, valid, temperature, k, top_p, min_p, u,
-                                               tokens, processed)
-            rows = full.nonzero()[:, 0]
-            if rows.numel():
-                full_vocabulary.sample_rows(logits, rows, temperature, k, top_p, min_p, u,
-                                            tokens, log_mass)
-    logp = drawn_logp(logits, tokens, temperature)
-    if temperature == 0.0:
-        return tokens, logp, torch.where(tokens >= 0, 0.0, math.nan).to(torch.float32)
-    processed = torch.where(full, logp.double() - log_mass, processed)
-    return tokens, logp, processed.to(torch.float32)
-
-
-def _sample_shortlists(logits: torch.Tensor, valid: torch.Tensor, temperature: float, k: int,
-                       top_p: float, min_p: float, u: torch.Tensor, tokens: torch.Tensor,
-                       processed: torch.Tensor) -> torch.Tensor:
-    """Serve every valid row whose kept set fits its shortlist, writing its token and
-    processed_logp; returns which rows were served."""
-    batch, vocab = logits.shape
-    size = shortlist.size(vocab, k, top_p, min_p)
-    served = torch.zeros(batch, dtype=torch.bool, device=logits.device)
-    if size is None:
-        return served
-    top_k = library.load_topk().top_k
-    for part in full_vocabulary.blocks(batch, vocab):
-        block = logits[part].contiguous()
-        values, indices = top_k(block, size, sorted=True, deterministic=True)
-        log_mass = None
-        if k == 0 and top_p < 1.0:  # the nucleus is relative to the whole softmax
-            log_mass = -drawn_logp(block, indices[:, 0], temperature).double()[:, None]
-        fits, picked, log_q = shortlist.sample(values, indices, vocab, temperature, k, top_p,
-                                               min_p, log_mass, u[part, 0])
-        fits &= valid[part]
-        served[part] = fits
-        tokens[part] = torch.where(fits, picked, tokens[part])
-        processed[part] = torch.where(fits, log_q, processed[part])
-    return served
+        tokens = torch.where(valid, logits.argmax(dim=-1), tokens)
+    logp = drawn_logp(logits, tokens, 0.0)
+    return tokens, logp, torch.where(tokens >= 0, 0.0, math.nan).to(torch.float32)
 
 
 def check_arguments(logits: object, temperature: object, top_k: object, top_p: object,

@@ -1,8 +1,9 @@
-"""Pre-warm FlashInfer's sampling kernels: `python -m rlk_flashinfer.warmup [--device cuda:0]`.
+"""Pre-warm the backend's kernels: `python -m rlk_flashinfer.warmup [--device cuda:0]`.
 
-The first call compiles FlashInfer's sampling and top-k modules with nvcc (no prebuilt
-module) and loads them; running this once per machine (or image build) moves that cost out
-of training.
+The first call compiles FlashInfer's top-k module with nvcc (no prebuilt module) and the
+backend's Triton kernels for the filters used; running this once per machine (or image
+build) moves that cost out of training. Triton compiles again per vocabulary size (its
+chunk count is a kernel constant), into its own cache (~/.triton/cache).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from rlk_flashinfer.sampler import sample
 
 
 def warmup(device: str | torch.device = "cuda") -> float:
-    """Run every FlashInfer kernel the backend uses on a tiny batch; return the seconds taken."""
+    """Run every kernel the backend uses on a tiny batch; return the seconds taken."""
     target = torch.device(device)
     began = time.perf_counter()
     peaked = torch.randn(2, 2048, device=target) * 3  # served from the shortlist (top-k)
@@ -24,6 +25,7 @@ def warmup(device: str | torch.device = "cuda") -> float:
     seeds = torch.tensor([1, 2], dtype=torch.int64)
     for logits in (peaked, flat):
         sample(logits, 0.7, 16, 0.9, 0.05, seeds)
+    sample(peaked, 0.7, 0, 1.0, 0.0, seeds)  # plain sampling
     torch.cuda.synchronize(target)
     return time.perf_counter() - began
 

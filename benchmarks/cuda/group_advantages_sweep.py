@@ -3,9 +3,11 @@
 Times each call as `rlk-core bench` does (CUDA events around calls issued back to back,
 median of many: a host-bound op shows its host time), plus the host time per call, for
 N rewards in consecutive groups three ways: group_size= ("size"), group ids in order
-("ids") and the same ids and rewards shuffled ("shuffled"). The eager peer is the reshape
-GRPO of consecutive groups, the fastest eager form there is. A row whose rlk time exceeds
-eager's is marked SLOWER; exit status 1 if a group_size row is.
+("ids") and the same ids and rewards shuffled ("shuffled"). Each row has the eager peer of
+its own form: for "size" the reshape GRPO of consecutive groups (the fastest eager form there
+is), for ids the GRPO a user writes over group labels (torch.unique with return_inverse, then
+index_add_ sums), on the same ids. The peers are checked against rlk's result first. A row
+whose rlk time exceeds its peer's is marked SLOWER; exit status 1 if any is.
   python benchmarks/cuda/group_advantages_sweep.py [--n 8192 65536] [--reps 200]
 """
 
@@ -31,6 +33,16 @@ def eager(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return (centred / (groups.std(-1, keepdim=True) + 1e-6)).view(-1)
 
 
+def eager_ids(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """The peer of the id rows: the same GRPO over group labels in any order."""
+    labels, inverse = torch.unique(group_ids, return_inverse=True)
+    zeros = rewards.new_zeros(labels.numel())
+    counts = zeros.index_add(0, inverse, torch.ones_like(rewards))
+    centred = rewards - (zeros.index_add(0, inverse, rewards) / counts)[inverse]
+    variance = zeros.index_add(0, inverse, centred * centred) / (counts - 1)
+    return centred / (variance.sqrt()[inverse] + 1e-6)
+
+
 def median_ms(call: object, reps: int) -> float:
     time_calls(lambda i: call(), 10, DEVICE)  # type: ignore[operator]
     return statistics.median(time_calls(lambda i: call(), reps, DEVICE))  # type: ignore[operator]
@@ -47,6 +59,7 @@ def main() -> int:
         warm = torch.rand(options.n[0], device=DEVICE)
         for _ in range(200):  # clocks and caches up before the first row counts
             eager(warm, 2)
+            eager_ids(warm, torch.arange(warm.numel(), device=DEVICE) // 2)
             rlk.group_advantages(warm, group_size=2)
             rlk.group_advantages(warm, group_ids=torch.arange(warm.numel(), device=DEVICE) // 2)
         for n in options.n:
@@ -54,14 +67,22 @@ def main() -> int:
             for size in [s for s in SIZES if n % s == 0 and s <= n]:
                 ids = torch.arange(n, device=DEVICE) // size
                 perm = torch.randperm(n, device=DEVICE)
-                rows = {
-                    "size": lambda r=rewards, s=size: rlk.group_advantages(r, group_size=s),
-                    "ids": lambda r=rewards, g=ids: rlk.group_advantages(r, group_ids=g),
-                    "shuffled": lambda r=rewards[perm], g=ids[perm]:
-                        rlk.group_advantages(r, group_ids=g),
+                shuffled, shuffled_ids = rewards[perm], ids[perm]
+                rows = {  # path -> (rlk call, its eager peer)
+                    "size": (lambda r=rewards, s=size: rlk.group_advantages(r, group_size=s),
+                             lambda r=rewards, s=size: eager(r, s)),
+                    "ids": (lambda r=rewards, g=ids: rlk.group_advantages(r, group_ids=g),
+                            lambda r=rewards, g=ids: eager_ids(r, g)),
+                    "shuffled": (lambda r=shuffled, g=shuffled_ids:
+                                 rlk.group_advantages(r, group_ids=g),
+                                 lambda r=shuffled, g=shuffled_ids: eager_ids(r, g)),
                 }
-                peer = median_ms(lambda r=rewards, s=size: eager(r, s), options.reps)
-                for path, call in rows.items():
+                for path, (call, eager_call) in rows.items():
+                    if not torch.allclose(call(), eager_call(), atol=1e-4):
+                        print(f"{n:>7} {size:>5} {path:>8} eager peer disagrees with rlk")
+                        slower[path] += 1
+                        continue
+                    peer = median_ms(eager_call, options.reps)
                     ms = median_ms(call, options.reps)
                     host, _ = host_and_wall_ms(call, options.reps, DEVICE)
                     flag = ""
@@ -70,7 +91,7 @@ def main() -> int:
                         slower[path] += 1
                     print(f"{n:>7} {size:>5} {path:>8} {ms:>8.4f} {peer:>9.4f} {host:>9.4f}{flag}")
     print("rows slower than eager: " + ", ".join(f"{k} {v}" for k, v in slower.items()))
-    return 1 if slower["size"] else 0
+    return 1 if any(slower.values()) else 0
 
 
 if __name__ == "__main__":

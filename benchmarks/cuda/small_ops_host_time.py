@@ -53,6 +53,9 @@ def main() -> None:
     report("kernel policy_loss bwd",
            lambda: policy_loss.backward(upstream, logp, old, adv, mask, None, None, None,
                                         OPTIONS))
+    report("kernel policy_loss fwd with grad",
+           lambda: policy_loss.forward.with_grad(logp, old, adv, mask, None, None, None,
+                                                 OPTIONS))
     leaf = logp.clone().requires_grad_()
     rewards = torch.randn(8192, device=DEVICE)
     ids = torch.arange(8192, device=DEVICE) // 16
@@ -70,6 +73,9 @@ def main() -> None:
                lambda: rlk.policy_loss(leaf, old, adv, mask))
         report("rlk.policy_loss fwd+bwd",
                lambda: torch.autograd.grad(rlk.policy_loss(leaf, old, adv, mask)[0], leaf))
+        kept = rlk.policy_loss(leaf, old, adv, mask)[0]
+        report("rlk.policy_loss bwd (retained graph)",
+               lambda: torch.autograd.grad(kept, leaf, retain_graph=True))
         report("rlk.policy_loss fwd+bwd, 3 settings",
                lambda: torch.autograd.grad(rlk.policy_loss(leaf, old, adv, mask, clip_high=0.28,
                                                            agg="seq-mean-token-mean",

@@ -6,9 +6,10 @@ import torch
 
 import rlk
 from rlk.native import logp as native_logp
+from rlk.native import policy_loss as native_policy_loss
 
 RLK_PLUGIN_API = "1.0"
-calls: dict[str, int] = {"fast": 0, "check": 0}
+calls: dict[str, int] = {"fast": 0, "check": 0, "with_grad": 0, "loss_backward": 0}
 
 
 def fast_forward(*args, **kwargs):
@@ -167,13 +168,42 @@ def raising_probe(device):
     raise OSError("cannot read /dev/faraway")
 
 
+# --- policy_loss kernels whose forward can also give the gradient (test_policy_loss.py) ----
+
+
+def loss_forward(**args):
+    return native_policy_loss.forward(**args)
+
+
+def loss_backward(grad_loss, **args):
+    calls["loss_backward"] += 1
+    return native_policy_loss.backward(grad_loss, **args)
+
+
+def _with_grad(**args):
+    """native's loss and metrics, and its gradient at upstream 1 in float32."""
+    calls["with_grad"] += 1
+    grad = native_policy_loss.backward(torch.ones(()), **dict(args, logp=args["logp"].float()))
+    return (*native_policy_loss.forward(**args), grad)
+
+
+def bad_loss_forward(**args):
+    return native_policy_loss.forward(**args)
+
+
+loss_forward.with_grad = _with_grad  # type: ignore[attr-defined]
+# the gradient in logp's dtype: the contract of with_grad is float32
+bad_loss_forward.with_grad = lambda **args: (  # type: ignore[attr-defined]
+    *native_policy_loss.forward(**args), native_policy_loss.backward(torch.ones(()), **args))
+
+
 def _single_kernel_plugin(name: str, forward: str, *, backward: str | None = None,
-                          check=None, probe=None, priority: int = 90):
+                          check=None, probe=None, priority: int = 90, op: str = "logp"):
     class Plugin:
         @rlk.hookimpl
         def rlk_register(self, registry):
             registry.add_backend(name, priority=priority, probe=probe, version="1")
-            registry.add_kernel("logp", name, forward, backward=backward, devices=("cpu",),
+            registry.add_kernel(op, name, forward, backward=backward, devices=("cpu",),
                                 check=check)
 
     plugin = Plugin()
@@ -189,6 +219,10 @@ noneresult = _single_kernel_plugin("noneresult", "fake_plugins:none_forward")
 falsecheck = _single_kernel_plugin("falsecheck", "fake_plugins:fast_forward", check=false_check)
 emptycheck = _single_kernel_plugin("emptycheck", "fake_plugins:fast_forward", check=empty_check)
 badprobe = _single_kernel_plugin("badprobe", "fake_plugins:fast_forward", probe=raising_probe)
+withgrad = _single_kernel_plugin("withgrad", "fake_plugins:loss_forward", op="policy_loss",
+                                 backward="fake_plugins:loss_backward")
+badwithgrad = _single_kernel_plugin("badwithgrad", "fake_plugins:bad_loss_forward",
+                                    op="policy_loss", backward="fake_plugins:loss_backward")
 
 reentrant, hijacker, annexer, exiting = Reentrant(), Hijacker(), Annexer(), Exiting()
 interrupting, slow, future, hookless = Interrupting(), Slow(), Future(), Hookless()

@@ -6,6 +6,7 @@ import dataclasses
 import inspect
 import math
 
+import fake_plugins
 import numpy as np
 import pytest
 import torch
@@ -13,8 +14,10 @@ import torch
 import rlk
 from rlk import reference
 from rlk.dispatch import captured_policy
+from rlk.native import policy_loss as native_policy_loss
 from rlk.ops.policy_loss import POLICY_LOSS
 from rlk.ops.policy_loss_options import METRICS, PolicyLossOptions
+from rlk.testing.compare import assert_matches
 
 GEN = torch.Generator().manual_seed(3)
 B, T = 5, 8
@@ -517,6 +520,61 @@ def test_eager_path_without_grad_returns_plain_tensors():
     assert loss.grad_fn is None
     with torch.no_grad():
         assert rlk.policy_loss(logp.requires_grad_(True), old, advantages, mask)[0].grad_fn is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_a_forward_with_grad_serves_the_eager_backward(use_plugins, dtype):
+    """A kernel whose forward carries `with_grad` is called once per eager step: the backward
+    scales its float32 gradient, rounded once to logp's dtype, and calls no kernel; that is the
+    kernel backward's own gradient at any upstream, also from a retained graph, and a double
+    backward is refused as on the plain path."""
+    use_plugins(withgrad="fake_plugins:withgrad")
+    logp, old, advantages, mask = _batch()
+    leaf = logp.to(dtype).requires_grad_(True)
+    before = dict(fake_plugins.calls)
+    loss, metrics = rlk.policy_loss(leaf, old, advantages, mask, clip_high=0.28)
+    upstream = torch.tensor(0.75)
+    (first,) = torch.autograd.grad(loss, leaf, upstream, retain_graph=True)
+    (second,) = torch.autograd.grad(loss, leaf, upstream, retain_graph=True)
+    assert fake_plugins.calls["with_grad"] == before["with_grad"] + 1
+    assert fake_plugins.calls["loss_backward"] == before["loss_backward"]
+    args = (leaf.detach(), old, advantages, mask, None, None, None,
+            PolicyLossOptions(clip_high=0.28))
+    want_loss, want_metrics = native_policy_loss.forward(*args)
+    want = native_policy_loss.backward(upstream, *args)
+    assert torch.equal(loss, want_loss)
+    assert torch.equal(torch.stack(list(metrics.values())), want_metrics)
+    assert first.dtype == dtype and torch.equal(first, want) and torch.equal(second, want)
+    (grad,) = torch.autograd.grad(loss, leaf, torch.ones((), requires_grad=True),
+                                  create_graph=True)
+    with pytest.raises(RuntimeError, match="marked with @once_differentiable"):
+        grad.sum().backward()
+
+
+def test_the_conformance_kit_checks_forward_with_grad(use_plugins):
+    """The kit's backward check (OpSpec.grad_check) compares the gradient the eager path would
+    take from forward.with_grad with the float64 reference too, not only the backward's."""
+    use_plugins(withgrad="fake_plugins:withgrad")
+    assert POLICY_LOSS.grad_check is not None and POLICY_LOSS.grad_tolerances is not None
+    logp, old, advantages, mask = _batch()
+    for dtype in (torch.float32, torch.bfloat16):
+        args = POLICY_LOSS.prepare(logp.to(dtype), old, advantages, mask,
+                                   agg="seq-mean-token-mean")
+        checks = list(POLICY_LOSS.grad_check(POLICY_LOSS.kernel(args), args,
+                                             torch.Generator().manual_seed(0)))
+        assert [name for name, *_ in checks] == ["grad_logp", "grad_logp from forward.with_grad"]
+        for name, got, want in checks:
+            assert got.dtype == dtype
+            assert_matches(name, got, want, POLICY_LOSS.grad_tolerances[dtype])
+
+
+def test_a_forward_with_grad_breaking_the_contract_is_refused(use_plugins):
+    use_plugins(badwithgrad="fake_plugins:badwithgrad")
+    logp, old, advantages, mask = _batch()
+    with pytest.raises(rlk.KernelError, match=r"backend 'badwithgrad'.*forward\.with_grad.*"
+                                              r"bfloat16 \[5, 8\].*float32 \[5, 8\]"):
+        rlk.policy_loss(logp.bfloat16().requires_grad_(True), old, advantages, mask)
+    assert rlk.policy_loss(logp.bfloat16(), old, advantages, mask)[0].dtype == torch.float32
 
 
 def test_in_place_change_between_forward_and_backward_raises():

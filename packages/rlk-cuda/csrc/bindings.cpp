@@ -253,7 +253,8 @@ NB_MODULE(_C, m) {
       .def_rw("count_empty_rows", &rlk::PolicyLossSettings::count_empty_rows)
       .def_rw("scale", &rlk::PolicyLossSettings::scale);
   m.attr("POLICY_LOSS_ROW_STATS") = rlk::kPolicyLossRowStats;
-  // backward=false writes loss and metrics, backward=true writes grad.
+  // backward=false writes loss and metrics, and grad when given (float32, at upstream 1 unless
+  // grad_loss is given); backward=true writes grad in logp's element type.
   m.def(
       "policy_loss",
       [](bool backward, int device, uintptr_t stream, uintptr_t logp, int logp_type,
@@ -289,7 +290,7 @@ NB_MODULE(_C, m) {
                               operand(importance_weights, importance_weights_type), B, T,
                               adv_per_token, weights_per_token, settings, ptr<double>(rows),
                               ptr<float>(loss), ptr<float>(metrics), ptr<const float>(grad_loss),
-                              ptr<void>(grad)};
+                              ptr<void>(grad), backward ? logp_type : rlk::kElemF32};
         void* s = reinterpret_cast<void*>(stream);
         check(backward ? rlk::policy_loss_backward(a, s) : rlk::policy_loss_forward(a, s));
       },

@@ -6,9 +6,13 @@
 // a fixed order and applies the aggregation. Backward: one block per sequence finds its token
 // count, its statistic and (exact sequence ratio) the sum of its terms' derivatives through the
 // ratio; then every block reduces the counts in the same fixed order and writes its sequences'
-// gradients. No float atomics: deterministic. The per-token math is rlk.native.policy_loss's,
-// in float32; every input is read in its own element type; masked tokens are never read past
-// the mask, so NaN or inf there is harmless.
+// gradients. A forward asked for the gradient too (at upstream 1, for rlk's eager path) has
+// its row blocks record what the backward's first pass would, the same sums in the same order,
+// then runs the backward's second pass, whose first block also does the final reduction: two
+// launches and two reads of the inputs instead of four and three. No float atomics:
+// deterministic. The per-token math is rlk.native.policy_loss's, in float32; every input is
+// read in its own element type; masked tokens are never read past the mask, so NaN or inf
+// there is harmless.
 #include <cmath>
 
 #include "common.cuh"
@@ -19,7 +23,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kUnroll = 4;  // tokens in flight per thread
-constexpr int kFinalThreads = 256;
 constexpr int kMaxGradBlocks = 1024;  // grad blocks loop over sequences beyond this
 constexpr int kWarps = kThreads / RLK_WARP_SIZE;
 constexpr float kVespoLogRatioBound = 20.0f;   // TRL's per-token log-ratio clamp
@@ -30,11 +33,14 @@ enum Objective { kPpo, kCispo, kSapo, kVespo };
 enum RatioLevel { kTokenRatio, kSequenceRatio, kSequenceTokenRatio };
 enum KlEstimator { kK1, kK2, kK3, kAbs };
 enum Aggregation { kTokenMean, kTokenSum, kSeqMeanTokenMean, kSeqMeanTokenSum, kSeqMeanTokenSumNorm };
-// Forward row partials, then backward row partials (same scratch, fewer columns).
-enum RowStat { kTerm, kTokens, kClipped, kClipLow, kClipHigh, kDual, kRatio, kKl, kTruncated };
-enum GradRowStat { kGradTokens, kGradSequence, kGradThroughRatio };
+// A sequence's float64 partials: the forward's, then the sequence statistic and the sum through
+// the exact sequence ratio that the gradient pass reads (with kTokens).
+enum RowStat {
+  kTerm, kTokens, kClipped, kClipLow, kClipHigh, kDual, kRatio, kKl, kTruncated,
+  kSequence, kThroughRatio
+};
 constexpr int kMetrics = 7;  // kClipped .. kTruncated
-static_assert(kPolicyLossRowStats == kTruncated + 1, "row layout");
+static_assert(kPolicyLossRowStats == kThroughRatio + 1, "row layout");
 
 __device__ __forceinline__ float load(const Operand& o, int64_t i) {
   switch (o.type) {
@@ -270,6 +276,10 @@ __device__ __forceinline__ float token_log_ratio(const PolicyLossArgs& a, const 
   return a.s.ratio_level == kTokenRatio || a.s.objective == kVespo ? x.logp - x.old : sequence;
 }
 
+// kThrough: the gradient follows at the exact sequence ratio, so the row also takes
+// backward_rows_kernel's sum through the ratio. There a token's log ratio is the sequence's
+// (never VESPO's), so the term `t` below is the one that kernel sums.
+template <bool kThrough>
 __global__ void __launch_bounds__(kThreads) forward_rows_kernel(PolicyLossArgs a) {
   __shared__ double scratch[kWarps * kPolicyLossRowStats];
   const int64_t b = blockIdx.x;
@@ -281,11 +291,14 @@ __global__ void __launch_bounds__(kThreads) forward_rows_kernel(PolicyLossArgs a
     v[kTokens] += 1.0;
 #pragma unroll
     for (int k = 0; k < kMetrics; ++k) v[kClipped + k] += static_cast<double>(t.stats[k]);
+    if (kThrough) v[kThroughRatio] += static_cast<double>(t.grad_log_ratio);
   });
   block_sum_array<kThreads>(v, scratch);
-  if (threadIdx.x == 0)
+  if (threadIdx.x == 0) {
+    v[kSequence] = sequence;
 #pragma unroll
     for (int k = 0; k < kPolicyLossRowStats; ++k) a.rows[b * kPolicyLossRowStats + k] = v[k];
+  }
 }
 
 // The aggregation's divisor from the token count, sequence count and shape.
@@ -301,13 +314,13 @@ __device__ __forceinline__ double divisor(const PolicyLossArgs& a, double tokens
   }
 }
 
-// The rows in a fixed order, the aggregation, the metrics.
-__global__ void __launch_bounds__(kFinalThreads) forward_final_kernel(PolicyLossArgs a) {
+// The rows in a fixed order, the aggregation, the metrics: one block's work.
+__device__ void loss_and_metrics(const PolicyLossArgs& a) {
   enum { kTotal, kAllTokens, kNonempty, kSums, kN = kSums + kMetrics };
-  __shared__ double scratch[kFinalThreads / RLK_WARP_SIZE * kN];
+  __shared__ double scratch[kWarps * kN];
   const bool sequence_clips = a.s.ratio_level != kTokenRatio;
   double v[kN] = {};
-  for (int64_t b = threadIdx.x; b < a.B; b += kFinalThreads) {
+  for (int64_t b = threadIdx.x; b < a.B; b += kThreads) {
     const double* row = a.rows + b * kPolicyLossRowStats;
     const double tokens = row[kTokens];
     const bool mean_of_row = a.s.agg == kSeqMeanTokenMean;
@@ -321,13 +334,27 @@ __global__ void __launch_bounds__(kFinalThreads) forward_final_kernel(PolicyLoss
       v[kSums + k] += per_sequence ? (tokens > 0.0 ? value / tokens : 0.0) : value;
     }
   }
-  block_sum_array<kFinalThreads>(v, scratch);
-  if (threadIdx.x != 0) return;
-  *a.loss = static_cast<float>(a.s.scale * v[kTotal] / divisor(a, v[kAllTokens], v[kNonempty]));
-  for (int k = 0; k < kMetrics; ++k) {
-    const double count = sequence_clips && k < 4 ? v[kNonempty] : v[kAllTokens];
-    a.metrics[k] = static_cast<float>(v[kSums + k] / fmax(count, 1.0));
+  block_sum_array<kThreads>(v, scratch);
+  // thread 0 writes the loss, thread 1 + k metric k: one division each, so that no sum stays
+  // live across a division's slow path (in grad_kernel that spilled them all)
+  if (threadIdx.x == 0) {
+    *a.loss = static_cast<float>(a.s.scale * v[kTotal] / divisor(a, v[kAllTokens], v[kNonempty]));
+    return;
   }
+  const int metric = static_cast<int>(threadIdx.x) - 1;
+  if (metric >= kMetrics) return;
+  double sum = 0.0, count = 0.0;
+#pragma unroll
+  for (int k = 0; k < kMetrics; ++k) {  // select, not index: v stays in registers
+    if (k != metric) continue;
+    sum = v[kSums + k];
+    count = sequence_clips && k < 4 ? v[kNonempty] : v[kAllTokens];
+  }
+  a.metrics[metric] = static_cast<float>(sum / fmax(count, 1.0));
+}
+
+__global__ void __launch_bounds__(kThreads) forward_final_kernel(PolicyLossArgs a) {
+  loss_and_metrics(a);
 }
 
 // Backward, pass 1: each sequence's token count, its statistic and, for the exact sequence
@@ -345,35 +372,36 @@ __global__ void __launch_bounds__(kThreads) backward_rows_kernel(PolicyLossArgs 
   block_sum_array<kThreads>(v, scratch);
   if (threadIdx.x == 0) {
     double* row = a.rows + b * kPolicyLossRowStats;
-    row[kGradTokens] = v[0];
-    row[kGradSequence] = sequence;
-    row[kGradThroughRatio] = v[1];
+    row[kTokens] = v[0];
+    row[kSequence] = sequence;
+    row[kThroughRatio] = v[1];
   }
 }
 
 // Backward, pass 2: every block reduces the counts (same order everywhere), then writes the
-// gradient of its sequences, masked tokens included (as zeros).
-__global__ void __launch_bounds__(kThreads) backward_grad_kernel(PolicyLossArgs a) {
+// gradient of its sequences, masked tokens included (as zeros). A forward that writes the
+// gradient ends with this launch, its first block doing forward_final_kernel's work too.
+__global__ void __launch_bounds__(kThreads) grad_kernel(PolicyLossArgs a) {
   __shared__ double scratch[kWarps * 2];
   double totals[2] = {0.0, 0.0};  // tokens, non-empty sequences
   for (int64_t b = threadIdx.x; b < a.B; b += kThreads) {
-    const double tokens = a.rows[b * kPolicyLossRowStats + kGradTokens];
+    const double tokens = a.rows[b * kPolicyLossRowStats + kTokens];
     totals[0] += tokens;
     totals[1] += tokens > 0.0 ? 1.0 : 0.0;
   }
   block_sum_array<kThreads>(totals, scratch);
   const double common = a.s.scale / divisor(a, totals[0], totals[1]);
-  const float upstream = *a.grad_loss;
+  const float upstream = a.grad_loss != nullptr ? *a.grad_loss : 1.0f;
   const bool spread = a.s.ratio_level == kSequenceRatio;
   for (int64_t b = blockIdx.x; b < a.B; b += gridDim.x) {
     const double* row = a.rows + b * kPolicyLossRowStats;
-    const double tokens = row[kGradTokens];
+    const double tokens = row[kTokens];
     const double per_row = a.s.agg == kSeqMeanTokenMean ? (tokens > 0.0 ? common / tokens : 0.0)
                                                         : common;
     const float weight = static_cast<float>(per_row);
-    const float sequence = static_cast<float>(row[kGradSequence]);
+    const float sequence = static_cast<float>(row[kSequence]);
     // the exact sequence ratio: d log ratio / d logp_t = 1 / tokens for every real token
-    const float shared = static_cast<float>(per_row * row[kGradThroughRatio] / fmax(tokens, 1.0));
+    const float shared = static_cast<float>(per_row * row[kThroughRatio] / fmax(tokens, 1.0));
     for (int64_t t = threadIdx.x; t < a.T; t += kThreads) {
       const Token x = load_token(a, b, t);
       float grad = 0.0f;
@@ -383,14 +411,19 @@ __global__ void __launch_bounds__(kThreads) backward_grad_kernel(PolicyLossArgs 
                       : weight * (terms.grad_logp + terms.grad_log_ratio);
         grad *= upstream;
       }
-      store(a.grad, a.logp.type, b * a.T + t, grad);
+      store(a.grad, a.grad_type, b * a.T + t, grad);
     }
   }
+  if (a.loss != nullptr && blockIdx.x == 0) loss_and_metrics(a);
 }
 
 const char* launched() {
   const rlkError_t e = rlkGetLastError();
   return e == rlkSuccess ? nullptr : rlkGetErrorString(e);
+}
+
+unsigned grad_blocks(int64_t B) {
+  return B < kMaxGradBlocks ? static_cast<unsigned>(B) : kMaxGradBlocks;
 }
 
 }  // namespace
@@ -399,10 +432,16 @@ const char* policy_loss_forward(const PolicyLossArgs& a, void* stream) {
   if (a.B > 0x7fffffffLL) return "policy_loss: too many sequences";
   const rlkStream_t s = static_cast<rlkStream_t>(stream);
   if (a.B > 0) {
-    forward_rows_kernel<<<static_cast<unsigned>(a.B), kThreads, 0, s>>>(a);
+    if (a.grad != nullptr && a.s.ratio_level == kSequenceRatio)
+      forward_rows_kernel<true><<<static_cast<unsigned>(a.B), kThreads, 0, s>>>(a);
+    else
+      forward_rows_kernel<false><<<static_cast<unsigned>(a.B), kThreads, 0, s>>>(a);
     if (const char* e = launched()) return e;
   }
-  forward_final_kernel<<<1, kFinalThreads, 0, s>>>(a);
+  if (a.grad != nullptr && a.B > 0)
+    grad_kernel<<<grad_blocks(a.B), kThreads, 0, s>>>(a);
+  else
+    forward_final_kernel<<<1, kThreads, 0, s>>>(a);
   return launched();
 }
 
@@ -410,10 +449,9 @@ const char* policy_loss_backward(const PolicyLossArgs& a, void* stream) {
   if (a.B == 0) return nullptr;
   if (a.B > 0x7fffffffLL) return "policy_loss: too many sequences";
   const rlkStream_t s = static_cast<rlkStream_t>(stream);
-  const unsigned rows = static_cast<unsigned>(a.B);
-  backward_rows_kernel<<<rows, kThreads, 0, s>>>(a);
+  backward_rows_kernel<<<static_cast<unsigned>(a.B), kThreads, 0, s>>>(a);
   if (const char* e = launched()) return e;
-  backward_grad_kernel<<<rows < kMaxGradBlocks ? rows : kMaxGradBlocks, kThreads, 0, s>>>(a);
+  grad_kernel<<<grad_blocks(a.B), kThreads, 0, s>>>(a);
   return launched();
 }
 

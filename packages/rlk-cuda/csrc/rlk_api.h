@@ -172,7 +172,7 @@ struct PolicyLossSettings {
   double scale;
 };
 
-constexpr int kPolicyLossRowStats = 9;  // float64 scratch per sequence: rows is [B, 9]
+constexpr int kPolicyLossRowStats = 11;  // float64 scratch per sequence: rows is [B, 11]
 struct PolicyLossArgs {
   Operand logp;               // [B, T]
   Operand old_logp;           // [B, T]
@@ -187,8 +187,9 @@ struct PolicyLossArgs {
   double* rows;               // [B, kPolicyLossRowStats] scratch
   float* loss;                // forward: 0-d
   float* metrics;             // forward: [7], rlk.ops.policy_loss_options.METRICS
-  const float* grad_loss;     // backward: 0-d upstream gradient
-  void* grad;                 // backward: [B, T] in logp's type
+  const float* grad_loss;     // 0-d upstream gradient; nullptr: 1 (forward with grad)
+  void* grad;                 // backward: [B, T]; forward: [B, T] or nullptr (no gradient)
+  int grad_type;              // ElemType of grad: logp's in the backward, float32 forward
 };
 
 // `stream` is a cudaStream_t (hipStream_t) passed as an opaque pointer.
@@ -209,6 +210,8 @@ int relative_probs_segments(int64_t V);
 const char* relative_probs(const RelProbArgs& a, void* stream);
 const char* group_advantages(const GroupAdvArgs& a, void* stream);
 const char* sample(const SampleArgs& a, void* stream);
+// The forward writes loss and metrics, and grad too when given: d loss / d logp at upstream
+// grad_loss, exactly what policy_loss_backward writes (its rows come from the forward's pass).
 const char* policy_loss_forward(const PolicyLossArgs& a, void* stream);
 const char* policy_loss_backward(const PolicyLossArgs& a, void* stream);
 

@@ -144,6 +144,22 @@ def test_large_batch(name: str) -> None:
     _check(args, tolerance)
 
 
+@pytest.mark.parametrize("name", sorted(LARGE))
+def test_forward_with_grad_is_forward_and_backward(name: str) -> None:
+    """with_grad: the forward's loss and metrics, and a float32 gradient that times the upstream
+    gradient, rounded to logp's dtype, is the backward's, bit for bit; every element written."""
+    args = _large(seed=len(name) + 40, **LARGE[name])
+    tensors, options = _split(args)
+    upstream = torch.tensor(0.75, device="cuda")
+    with poisoned_allocations():
+        loss, metrics, grad = kernels.forward.with_grad(*tensors, options)
+    assert grad.dtype == torch.float32 and grad.shape == tensors[0].shape
+    want_loss, want_metrics = kernels.forward(*tensors, options)
+    assert torch.equal(loss, want_loss) and torch.equal(metrics, want_metrics)
+    scaled = torch.mul(grad, upstream, out=torch.empty_like(tensors[0]))
+    assert torch.equal(scaled, kernels.backward(upstream, *tensors, options))
+
+
 def test_masked_garbage_is_ignored() -> None:
     args = _large(seed=5, batch=8, length=4093, per_token=True, tis_cap=1.2, weights=True,
                   ratio_level="sequence")
@@ -206,8 +222,10 @@ def test_empty(shape: tuple[int, int]) -> None:
     with poisoned_allocations():
         loss, metrics = kernels.forward(*tensors, options)
         grad = kernels.backward(torch.tensor(1.0, device="cuda"), *tensors, options)
+        fused = kernels.forward.with_grad(*tensors, options)
     assert loss.item() == 0.0 and torch.equal(metrics, torch.zeros(len(METRICS), device="cuda"))
-    assert grad.shape == shape
+    assert grad.shape == shape and fused[2].shape == shape
+    assert torch.equal(fused[0], loss) and torch.equal(fused[1], metrics)
 
 
 def test_public_op_runs_on_this_backend_through_the_eager_path() -> None:
@@ -224,6 +242,25 @@ def test_public_op_runs_on_this_backend_through_the_eager_path() -> None:
     assert_matches("clip_fraction", metrics["clip_fraction"], want_metrics[0], TOL)
     assert logp.grad is not None
     assert_matches("grad", logp.grad, want_grad, GRAD_TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_eager_backward_is_the_kernel_backward(dtype: torch.dtype) -> None:
+    """The eager path runs with_grad and scales its gradient: at any upstream gradient, and
+    again from a retained graph, that is this backend's backward kernel, bit for bit."""
+    args = _large(seed=11, batch=16, length=512, logp_dtype=dtype, ratio_level="sequence",
+                  agg="seq-mean-token-mean")
+    tensors, options = _split(args)
+    leaf = tensors[0].clone().requires_grad_(True)
+    upstream = torch.tensor(0.3, device="cuda")
+    with rlk.use_backends("cuda", strict=True):
+        loss, _ = rlk.policy_loss(leaf, *tensors[1:4], ref_logp=tensors[4], options=options)
+        (first,) = torch.autograd.grad(loss, leaf, upstream, retain_graph=True)
+        (second,) = torch.autograd.grad(loss, leaf, upstream)
+    want = kernels.backward(upstream, tensors[0], *tensors[1:4], tensors[4], None, None, options)
+    assert torch.equal(loss, kernels.forward(tensors[0], *tensors[1:4], tensors[4], None, None,
+                                             options)[0])
+    assert torch.equal(first, want) and torch.equal(second, want)
 
 
 def test_compiled_step_runs_the_torch_operator_on_this_backend() -> None:

@@ -1,9 +1,12 @@
 """The `policy_loss` kernels: two launches each way, float64 partial sums in a fixed order.
 
 Forward: per-sequence partial sums, then one block applies the aggregation (deterministic).
-Backward: per-sequence counts and statistics, then the gradient. Every input is read in its
-own dtype (no conversion launches); the gradient is written in logp's dtype. The math follows
-rlk.native.policy_loss; masked tokens are never used, so NaN or inf there is harmless.
+Backward: per-sequence counts and statistics, then the gradient. `forward.with_grad` (the
+optional kernel entry rlk's eager path uses when logp requires grad) does both in one call and
+three launches, the backward's statistics summed by the forward's pass. Every input is read in
+its own dtype (no conversion launches); the gradient is written in logp's dtype, or float32 at
+upstream 1 by `with_grad`. The math follows rlk.native.policy_loss; masked tokens are never
+used, so NaN or inf there is harmless.
 """
 
 from __future__ import annotations
@@ -87,7 +90,8 @@ def _launch(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
             loss: Tensor | None = None, metrics: Tensor | None = None,
             grad_loss: Tensor | None = None, grad: Tensor | None = None) -> None:
     """Check the operands (metadata only: these wrappers' host time is most of a small
-    call's) and launch the forward (loss and metrics given) or the backward (grad)."""
+    call's) and launch the forward (loss and metrics given, and grad too for with_grad) or
+    the backward (grad only)."""
     device = device_of("logp", logp)
     if logp.dim() != 2:
         raise ValueError(f"logp must be [B, T]; got shape {tuple(logp.shape)}")
@@ -106,7 +110,7 @@ def _launch(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
     weights_ptr, weights_type = _operand("importance_weights", importance_weights, per_row,
                                          where, kept)
     rows = torch.empty(batch, ext.POLICY_LOSS_ROW_STATS, dtype=torch.float64, device=where)
-    ext.policy_loss(backward=grad is not None, device=device, stream=stream(device),
+    ext.policy_loss(backward=loss is None, device=device, stream=stream(device),
                     logp=logp_ptr, logp_type=logp_type, old_logp=old_ptr, old_logp_type=old_type,
                     advantages=adv_ptr, advantages_type=adv_type, mask=mask_ptr,
                     mask_type=mask_type, ref_logp=ref_ptr, ref_logp_type=ref_type,
@@ -130,6 +134,24 @@ def forward(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
     _launch(logp, old_logp, advantages, mask, ref_logp, rollout_logp, importance_weights,
             options, loss=loss, metrics=metrics)
     return loss, metrics
+
+
+def with_grad(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
+              ref_logp: Tensor | None, rollout_logp: Tensor | None,
+              importance_weights: Tensor | None,
+              options: PolicyLossOptions) -> tuple[Tensor, Tensor, Tensor]:
+    """The forward's loss and metrics, and d loss / d logp at upstream 1 in float32 [B, T]:
+    `backward(grad_loss, ...)` equals it times grad_loss rounded to logp's dtype, bit for bit
+    (but for results below float32's normal range, which the kernels flush to zero)."""
+    loss = torch.empty((), dtype=torch.float32, device=logp.device)
+    metrics = torch.empty(len(METRICS), dtype=torch.float32, device=logp.device)
+    grad = torch.empty(logp.shape, dtype=torch.float32, device=logp.device)
+    _launch(logp, old_logp, advantages, mask, ref_logp, rollout_logp, importance_weights,
+            options, loss=loss, metrics=metrics, grad=grad)
+    return loss, metrics, grad
+
+
+forward.with_grad = with_grad  # type: ignore[attr-defined]
 
 
 def backward(grad_loss: Tensor, logp: Tensor, old_logp: Tensor, advantages: Tensor,

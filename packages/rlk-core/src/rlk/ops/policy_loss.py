@@ -16,7 +16,7 @@ from torch import Tensor
 
 from rlk import reference
 from rlk.ops import validate
-from rlk.ops.contract import BoundKernel, Out
+from rlk.ops.contract import BoundKernel, Out, attribute, check
 from rlk.ops.policy_loss_options import METRICS, PolicyLossOptions
 from rlk.ops.policy_loss_samples import samples
 from rlk.ops.spec import (
@@ -179,6 +179,38 @@ def _eager_backward(kernel: BoundKernel, args: Mapping[str, Any],
     return (kernel.backward(grad_loss, **args),)
 
 
+def _forward_with_grad(kernel: BoundKernel,
+                       args: Mapping[str, Any]) -> tuple[tuple[Tensor, Tensor],
+                                                         tuple[Tensor, torch.dtype]] | None:
+    """Loss, metrics and d loss / d logp at upstream 1 (float32) from the kernel's optional
+    `forward.with_grad` entry, checked against the contract; None when it has none."""
+    with_grad = getattr(kernel.kernel.forward, "with_grad", None)
+    if with_grad is None:
+        return None
+    try:
+        result = with_grad(**args)
+    except Exception as exc:
+        attribute(exc, kernel.kernel, "forward")
+        raise
+    logp = args["logp"]
+    check(kernel.kernel, "forward.with_grad", result,
+          (*_output_meta(logp), Out(tuple(logp.shape), torch.float32, logp.device)))
+    loss, metrics, grad = result
+    return (loss, metrics), (grad, logp.dtype)
+
+
+def _scaled_grad(state: tuple[Tensor, torch.dtype],
+                 grads: tuple[Tensor | None, ...]) -> tuple[Tensor]:
+    """The saved gradient times the upstream one, rounded once to logp's dtype: what the
+    kernel's backward computes (out of place: a retained graph may run its backward again)."""
+    grad, dtype = state
+    upstream = grads[0] if grads[0] is not None else grad.new_zeros(())
+    if dtype == torch.float32:
+        return (grad * upstream,)
+    return (torch.mul(grad, upstream, out=torch.empty(grad.shape, dtype=dtype,
+                                                      device=grad.device)),)
+
+
 def policy_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -228,13 +260,18 @@ def _reference(args: Mapping[str, Any]) -> tuple[Tensor, ...]:
 
 def _grad_check(kernel: BoundKernel, args: dict[str, Any],
                 gen: torch.Generator) -> Iterator[GradCase]:
-    """The kernel's backward against autograd through the float64 reference."""
+    """The kernel's backward against autograd through the float64 reference, and the eager
+    path's gradient from `forward.with_grad` when the kernel has one."""
     grad_loss = (torch.rand((), generator=gen) + 0.5).to(args["logp"].device)
     leaf = args["logp"].detach().to(torch.float64).requires_grad_(True)
     loss, _ = _reference({**args, "logp": leaf})
     (expected,) = torch.autograd.grad(loss * grad_loss.double(), leaf, allow_unused=True)
-    got = kernel.backward(grad_loss, **args)
-    yield "grad_logp", got, torch.zeros_like(leaf) if expected is None else expected
+    expected = torch.zeros_like(leaf) if expected is None else expected
+    yield "grad_logp", kernel.backward(grad_loss, **args), expected
+    fused = _forward_with_grad(kernel, args)
+    if fused is not None:
+        (scaled,) = _scaled_grad(fused[1], (grad_loss,))
+        yield "grad_logp from forward.with_grad", scaled, expected
 
 
 def _opcheck_case(args: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
@@ -275,7 +312,8 @@ POLICY_LOSS = OpSpec(
                      torch.bfloat16: Tolerance(atol=1e-6, rtol=8e-3),
                      torch.float16: Tolerance(atol=1e-6, rtol=1e-3)},
     eager=EagerPath(torch_op=_policy_loss_op, op_arguments=_op_arguments,
-                    grad_inputs=("logp",), backward=_eager_backward, detached_outputs=(1,)),
+                    grad_inputs=("logp",), backward=_eager_backward, detached_outputs=(1,),
+                    forward_with_grads=_forward_with_grad, backward_from=_scaled_grad),
     doc="PPO / GRPO / DAPO / Dr. GRPO / GSPO / CISPO / SAPO / VESPO policy loss",
     native=NativeKernel("rlk.native.policy_loss:forward", "rlk.native.policy_loss:backward"),
     output_meta=_output_meta,

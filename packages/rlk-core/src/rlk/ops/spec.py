@@ -72,6 +72,10 @@ class EagerPath:
       returns their gradients; `backward`: (kernel, kernel arguments, output gradients)
       -> those gradients.
     - `detached_outputs`: positions of outputs that carry no gradient (metrics).
+    - `forward_with_grads`: (kernel, detached kernel arguments) -> (outputs, state) when the
+      kernel can compute the input gradients in its forward (one call instead of two), else
+      None; `backward_from`: (state, output gradients) -> the input gradients. Nothing is
+      saved for the backward but `state`, and it dispatches no kernel.
     """
 
     torch_op: Callable[..., Any]
@@ -81,6 +85,9 @@ class EagerPath:
     backward: Callable[[BoundKernel, Mapping[str, Any], tuple[Tensor | None, ...]],
                        tuple[Tensor | None, ...]] | None = None
     detached_outputs: tuple[int, ...] = ()
+    forward_with_grads: Callable[[BoundKernel, KernelArgs], tuple[Any, Any] | None] | None = None
+    backward_from: Callable[[Any, tuple[Tensor | None, ...]],
+                            tuple[Tensor | None, ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -213,12 +220,13 @@ def _traced(args: Mapping[str, Any]) -> bool:
 class _Call:
     """One eager call: what its backward needs besides the saved tensors."""
 
-    __slots__ = ("args", "eager", "kernel", "names", "policy")
+    __slots__ = ("args", "eager", "kernel", "names", "policy", "state")
 
     def __init__(self, eager: EagerPath, kernel: BoundKernel, args: KernelArgs,
                  policy: Policy | None):
         self.eager, self.kernel, self.args, self.policy = eager, kernel, args, policy
         self.names: tuple[str, ...] = ()
+        self.state: Any = None  # what forward_with_grads left for backward_from
 
 
 class _KernelFunction(torch.autograd.Function):
@@ -226,6 +234,8 @@ class _KernelFunction(torch.autograd.Function):
 
     The tensor arguments are saved with save_for_backward, so an in-place change between
     forward and backward raises as it does for any torch op; the kernel sees them detached.
+    A kernel that computes the gradients in its forward (EagerPath.forward_with_grads) needs
+    none of them: only its gradients are kept, and the backward scales them.
     """
 
     @staticmethod
@@ -236,16 +246,22 @@ class _KernelFunction(torch.autograd.Function):
             value = args[name]
             if value is not None:
                 args[name] = value.detach()
-        outputs = call.kernel.forward(**args)
-        names, tensors = [], []
-        for name, value in args.items():
-            if isinstance(value, Tensor):
-                names.append(name)
-                tensors.append(value)
-        ctx.save_for_backward(*tensors)
-        for name in names:
-            args[name] = None  # the tensors live in saved_tensors only
-        call.names, call.args = tuple(names), args
+        fused = eager.forward_with_grads
+        done = None if fused is None else fused(call.kernel, args)
+        if done is not None:
+            outputs, call.state = done
+            call.args = {}
+        else:
+            outputs = call.kernel.forward(**args)
+            names, tensors = [], []
+            for name, value in args.items():
+                if isinstance(value, Tensor):
+                    names.append(name)
+                    tensors.append(value)
+            ctx.save_for_backward(*tensors)
+            for name in names:
+                args[name] = None  # the tensors live in saved_tensors only
+            call.names, call.args = tuple(names), args
         ctx.call = call
         for index in eager.detached_outputs:
             ctx.mark_non_differentiable(outputs[index])
@@ -262,6 +278,9 @@ class _KernelFunction(torch.autograd.Function):
 def _backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
     call: _Call = ctx.call
     eager = call.eager
+    if call.state is not None:
+        assert eager.backward_from is not None
+        return (None, *eager.backward_from(call.state, grads))
     assert eager.backward is not None
     args = dict(call.args)
     for name, value in zip(call.names, ctx.saved_tensors, strict=True):

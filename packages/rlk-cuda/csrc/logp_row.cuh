@@ -33,24 +33,6 @@ __device__ __forceinline__ void acc_fold(RowAcc& r, const RowAcc& p, float sc, b
   if (ENT) r.w = fmaf(f * fmaxf(d, -FLT_MAX), full, fmaf(f, p.w, r.w));
 }
 
-// Adds the elements x to `a` (whose max a.m is at least theirs). With NEW_MAX, a.m has just
-// become the max and the first element equal to it is the implicit 1 (it adds nothing; a
-// select, so the unrolled loop stays straight-line); without, an earlier element already is,
-// and every element adds its full 2^v with no per-element bookkeeping.
-template <bool ENT, bool NEW_MAX, int N>
-__device__ __forceinline__ void acc_elements(RowAcc& a, const float (&x)[N], float sc) {
-  bool one = !NEW_MAX;
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const float v = (x[i] - a.m) * sc;
-    const bool implicit_one = NEW_MAX && !one && v == 0.f;
-    one = one || implicit_one;
-    const float e = implicit_one ? 0.f : exp2f(v);
-    a.s += e;
-    if (ENT) a.w = fmaf(e, fmaxf(v, -FLT_MAX), a.w);
-  }
-}
-
 template <bool ENT, int N>
 __device__ __forceinline__ void acc_chunk(RowAcc& a, const float (&x)[N], float sc) {
   float cm = x[0];
@@ -58,13 +40,23 @@ __device__ __forceinline__ void acc_chunk(RowAcc& a, const float (&x)[N], float 
   for (int i = 1; i < N; ++i) cm = max_nan(cm, x[i]);
   const float mn = max_nan(a.m, cm);
   if (mn == -INFINITY) return;  // only -inf so far: nothing contributes
-  // Most chunks leave the max where it was: the implicit-1 bookkeeping costs them nothing
-  // (with it in every chunk, bfloat16 rows read at 87-90% of the copy bandwidth, not 100%)
-  if (mn == a.m) return acc_elements<ENT, false>(a, x, sc);
-  const RowAcc old = a;  // the max moved (or became NaN): rescale what we have
-  a = RowAcc{mn, 0.f, 0.f};
-  if (old.m != -INFINITY) acc_fold<ENT>(a, old, sc, false);
-  acc_elements<ENT, true>(a, x, sc);
+  bool one = mn == a.m;         // whether an earlier element already is the implicit 1
+  if (!one) {                   // the max moved (or became NaN): rescale what we have
+    const RowAcc old = a;
+    a = RowAcc{mn, 0.f, 0.f};
+    if (old.m != -INFINITY) acc_fold<ENT>(a, old, sc, false);
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const float v = (x[i] - mn) * sc;
+    // the first element at the new max is the implicit 1: it adds nothing (a select, not a
+    // branch, so the unrolled loop stays straight-line)
+    const bool implicit_one = !one && v == 0.f;
+    one = one || implicit_one;
+    const float e = implicit_one ? 0.f : exp2f(v);
+    a.s += e;
+    if (ENT) a.w = fmaf(e, fmaxf(v, -FLT_MAX), a.w);
+  }
 }
 
 template <bool ENT>

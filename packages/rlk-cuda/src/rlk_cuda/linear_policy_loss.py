@@ -53,6 +53,7 @@ class CudaChunkOps(loop.ChunkOps):
         self._logits: Tensor | None = None
         self._grads: Tensor | None = None
         self._block: _Block | None = None
+        self._weight_written = False  # the weight gradient's first GEMM overwrites (beta 0)
 
     def _logits_rows(self) -> int:
         """Rows of one float32 logits GEMM: the whole block, or LOGITS_ROWS with one_read."""
@@ -106,13 +107,14 @@ class CudaChunkOps(loop.ChunkOps):
         return grad
 
     def new_weight_grad(self) -> Tensor:
-        return torch.zeros_like(self.weight)
+        return torch.empty_like(self.weight)
 
     def add_weight_grad(self, acc: Tensor, grad: Tensor, rows: Tensor) -> None:
-        acc.addmm_(grad.t(), rows)
+        acc.addmm_(grad.t(), rows, beta=1.0 if self._weight_written else 0.0)
+        self._weight_written = True
 
     def weight_grad(self, acc: Tensor) -> Tensor:
-        return acc
+        return acc if self._weight_written else acc.zero_()
 
     def loss_grads(self, policy: Mapping[str, Any], entropy_coef: float) -> loop.LossGrads:
         """The selected policy_loss kernel over the whole batch: two launches a chunk."""
@@ -149,7 +151,7 @@ class CudaChunkOps(loop.ChunkOps):
         if grads.weight is not None:
             # rows with no gradient: zero, whatever their hidden state (it may be NaN)
             scaled = torch.where(factor[:, None] != 0, self.hidden[rows] * factor[:, None], 0.0)
-            grads.weight.addmm_(e.t(), scaled.to(e.dtype))
+            self.add_weight_grad(grads.weight, e, scaled.to(e.dtype))
         if grads.bias is not None:
             grads.bias += _float32_mm(factor.to(e.dtype)[None], e)[0]
         return None
@@ -168,7 +170,7 @@ def forward(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
     """The kernel contract of rlk-core's linear_policy_loss (see its native kernel)."""
     device_of("hidden", hidden)  # before any collective: a CPU call fails here, on every rank
     ops = CudaChunkOps(hidden, weight, bias, softcap, group,
-                       one_read=_one_read(softcap, group, entropy_coef))
+                       one_read=_one_read(weight, softcap, group, entropy_coef))
     return loop.run(ops, tokens, lm_head.kernel_temperature(temperature, softcap),
                     ignore_index, entropy_coef, policy, needs_input_grad)
 
@@ -177,7 +179,7 @@ def plan(hidden: Tensor, weight: Tensor, policy: dict[str, Any], softcap: float 
          group: dist.ProcessGroup | None = None, entropy_coef: float = 0.0, **_: Any) -> str:
     """Which path `forward` takes for these kernel arguments, in words (for rlk.explain)."""
     length = policy["mask"].shape[1]
-    one_read = _one_read(softcap, group, entropy_coef)
+    one_read = _one_read(weight, softcap, group, entropy_coef)
     rows = CudaChunkOps(hidden, weight, None, softcap, group, one_read=one_read).chunk_rows()
     path = loop.choose_path(hidden.shape[0], length, rows, policy)
     words = loop.describe(path, rows, length)
@@ -195,10 +197,12 @@ def _float32_mm(a: Tensor, b: Tensor) -> Tensor:
     return torch.mm(a, b, out_dtype=torch.float32)
 
 
-def _one_read(softcap: float | None, group: dist.ProcessGroup | None,
+def _one_read(weight: Tensor, softcap: float | None, group: dist.ProcessGroup | None,
               entropy_coef: float) -> bool:
-    """Whether the relative_probs path serves: its gradient factor covers logp's term only."""
-    return softcap is None and group is None and entropy_coef == 0.0
+    """Whether the relative_probs path serves: its gradient factor covers logp's term only,
+    and float16 operands would round the scaled hidden rows (factors ~1e-7) to nothing."""
+    return (softcap is None and group is None and entropy_coef == 0.0
+            and lm_head.gemm_dtype(weight.dtype, weight.device) != torch.float16)
 
 
 @dataclass

@@ -263,12 +263,10 @@ class _EagerLoss(torch.autograd.Function):
             raise RuntimeError("rlk.linear_policy_loss computes its gradients in the forward "
                                "and scales them in place, so a call's backward runs once; "
                                "call the op again to differentiate again")
-        wanted = [grad if need and grad_loss is not None else None
-                  for grad, need in zip(grads, ctx.needs_input_grad[1:], strict=True)]
-        present = [grad for grad in wanted if grad is not None]
-        if present:  # one multi-tensor launch (a 0-d tensor operand defeats mul_'s vectorized path)
-            torch._foreach_mul_(present, grad_loss)
-        return (None, *wanted)
+        need = ctx.needs_input_grad[1:]
+        scaled = [grad.mul_(grad_loss) if wanted and grad_loss is not None else None
+                  for grad, wanted in zip(grads, need, strict=True)]
+        return (None, *scaled)
 
 
 def _run(args: dict[str, Any]) -> tuple[Tensor, ...]:

@@ -7,9 +7,10 @@
 //   g / T * (onehot - p) = -(g / T) * scale * (e - onehot / scale).
 // The partial pass writes e with m = x_tok / T (known before the row is read: e_tok = 1,
 // scale = p_tok); the finish pass replaces e_tok by 1 - 1 / p_tok. The caller multiplies the
-// GEMM results by -(g / T) * scale per row. When p_tok < 2^-kLimit (e or 1 / p_tok would not
-// fit the output type) the finish pass rewrites the row with m = max / T instead; rows holding
-// NaN, or no finite logit, are rewritten as zeros (their scale is NaN).
+// GEMM results by -(g / T) * scale per row. When p_tok < 2^-100 (e and 1 / p_tok would near
+// the output type's range) the finish pass rewrites the row with m = max / T instead; rows holding
+// NaN, or no finite logit, are rewritten as zeros (their scale is NaN). Outputs: float32 or
+// bfloat16 (float16's range cannot hold the caller's scaled hidden rows).
 #include "logp_row.cuh"
 #include "rlk_api.h"
 
@@ -20,10 +21,9 @@ constexpr int kThreads = 256;
 constexpr int kUnroll = 4;
 constexpr int kW = 4;  // float32 logits per 16-byte vector
 
-// Largest log2(1 / p_tok) the output type holds with the token offset (bf16 and float32
-// reach 2^127; float16 only 2^15).
-template <typename O> struct LimitLog2 { static constexpr float value = 100.f; };
-template <> struct LimitLog2<f16_t> { static constexpr float value = 14.f; };
+// Largest log2(1 / p_tok) kept with the token offset: e and 1 / p_tok then stay below 2^101,
+// far inside bfloat16's and float32's range.
+constexpr float kLimitLog2 = 100.f;
 
 struct RowSetup {
   int64_t tok;
@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(kThreads) finish_kernel(RelProbArgs a, int nse
       if (logp != logp) {
         a.scale[i] = nan;
         rewrite = kZeros;
-      } else if (-logp * kLog2e > LimitLog2<O>::value) {
+      } else if (-logp * kLog2e > kLimitLog2) {
         a.scale[i] = expf(-log_s);  // offset max / T: scale = exp(max / T - lse)
         max_off = r.m * sc;
         rewrite = kMaxOffset;
@@ -204,8 +204,7 @@ const char* relative_probs(const RelProbArgs& a, void* stream) {
   switch (a.out_dtype) {
     case kF32: launch<float>(a, s); break;
     case kBF16: launch<bf16_t>(a, s); break;
-    case kF16: launch<f16_t>(a, s); break;
-    default: return "relative_probs: unsupported output dtype code";
+    default: return "relative_probs: the output dtype must be float32 or bfloat16";
   }
   const rlkError_t e = rlkGetLastError();
   return e == rlkSuccess ? nullptr : rlkGetErrorString(e);

@@ -64,12 +64,12 @@ struct SoftCapArgs {
 // logp, entropy and lse, and out = its logits gradient divided by -(g / T) * scale, where g is
 // d loss / d logp of the row (known only after logp): e_j = exp(x_j / T - m) with the token's
 // entry less exp(lse - m); the offset m is the token's x / T (scale = p_tok) or, when p_tok is
-// too small for the output type, the row max / T. Ignored rows: zeros, scale 0; tokens outside
+// below 2^-100, the row max / T. Ignored rows: zeros, scale 0; tokens outside
 // [0, V) or rows without a finite max: zeros, NaN scale (and NaN logp).
 struct RelProbArgs {
   const float* logits;    // [N, V], rows on 16-byte boundaries
   int64_t N, V, row_stride;
-  void* out;              // [N, V] in out_dtype, rows on 16-byte boundaries
+  void* out;              // [N, V] in out_dtype (kF32 or kBF16), rows on 16-byte boundaries
   int out_dtype;
   int64_t out_row_stride;
   const int64_t* tokens;  // [N]

@@ -117,7 +117,7 @@ class CudaChunkOps(loop.ChunkOps):
         return acc if self._weight_written else acc.zero_()
 
     def loss_grads(self, policy: Mapping[str, Any], entropy_coef: float) -> loop.LossGrads:
-        """The selected policy_loss kernel over the whole batch: two launches a chunk."""
+        """The selected policy_loss kernel over the whole batch: two launches a block."""
         kernel = selected_kernel("policy_loss", dict(policy, logp=policy["old_logp"]))
         return loop.LossGrads(policy, entropy_coef, kernel=kernel, whole_batch=True)
 
@@ -140,7 +140,8 @@ class CudaChunkOps(loop.ChunkOps):
     def backward_rows(self, grad_logp: Tensor, grad_entropy: Tensor | None,
                       grads: loop.Grads) -> None:
         if not self.one_read:
-            return super().backward_rows(grad_logp, grad_entropy, grads)
+            super().backward_rows(grad_logp, grad_entropy, grads)
+            return
         block, self._block = self._block, None
         assert block is not None and grad_entropy is None and self._grads is not None
         rows = slice(block.start, block.stop)
@@ -154,7 +155,6 @@ class CudaChunkOps(loop.ChunkOps):
             self.add_weight_grad(grads.weight, e, scaled.to(e.dtype))
         if grads.bias is not None:
             grads.bias += _float32_mm(factor.to(e.dtype)[None], e)[0]
-        return None
 
     def hidden_grad(self, grad: Tensor, out: Tensor) -> None:
         if out.dtype == grad.dtype:

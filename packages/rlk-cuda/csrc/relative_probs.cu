@@ -83,30 +83,26 @@ __global__ void __launch_bounds__(kThreads) partial_kernel(RelProbArgs a) {
   const float sc = row.inv_t * kLog2e;
   const float off = x[row.tok] * sc;
   RowAcc r{-INFINITY, 0.f, 0.f};
+  // One 16-byte vector (logical vector `vec`): into the statistics, then its e values out
+  auto fold_and_store = [&](const uint4& raw, int64_t vec) {
+    float v[kW];
+    unpack<float>(raw, v);
+    acc_chunk<true>(r, v, sc);
+#pragma unroll
+    for (int k = 0; k < kW; ++k) v[k] = exp2f(fmaf(v[k], sc, -off));
+    store_grad<O, kW>(o + vec * kW, v);
+  };
   int64_t j = v0 + threadIdx.x;
   for (; j + (kUnroll - 1) * kThreads < v1; j += kUnroll * kThreads) {
-    uint4 raw[kUnroll];
+    uint4 raw[kUnroll];  // every load issued before the first use
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
       raw[u] = load_stream(reinterpret_cast<const uint4*>(x) + j + u * kThreads);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      float v[kW];
-      unpack<float>(raw[u], v);
-      acc_chunk<true>(r, v, sc);
-#pragma unroll
-      for (int k = 0; k < kW; ++k) v[k] = exp2f(fmaf(v[k], sc, -off));
-      store_grad<O, kW>(o + (j + u * kThreads) * kW, v);
-    }
+    for (int u = 0; u < kUnroll; ++u) fold_and_store(raw[u], j + u * kThreads);
   }
-  for (; j < v1; j += kThreads) {
-    float v[kW];
-    unpack<float>(load_stream(reinterpret_cast<const uint4*>(x) + j), v);
-    acc_chunk<true>(r, v, sc);
-#pragma unroll
-    for (int k = 0; k < kW; ++k) v[k] = exp2f(fmaf(v[k], sc, -off));
-    store_grad<O, kW>(o + j * kW, v);
-  }
+  for (; j < v1; j += kThreads)
+    fold_and_store(load_stream(reinterpret_cast<const uint4*>(x) + j), j);
   const int64_t t = nv * kW + threadIdx.x;
   if (tail && t < a.V) {
     const float v[1] = {x[t]};
@@ -195,7 +191,8 @@ const char* relative_probs(const RelProbArgs& a, void* stream) {
   if (a.N == 0) return nullptr;
   if (a.N > 0x7fffffffLL) return "relative_probs: too many rows for one launch";
   if (a.V < 1) return "relative_probs: the vocabulary is empty";
-  if (a.nseg != relative_probs_segments(a.V)) return "relative_probs: nseg must be relative_probs_segments(V)";
+  if (a.nseg != relative_probs_segments(a.V))
+    return "relative_probs: nseg must be relative_probs_segments(V)";
   if (a.row_stride % kW != 0 || reinterpret_cast<uintptr_t>(a.logits) % 16 != 0)
     return "relative_probs: logits rows must start on 16-byte boundaries";
   if (a.out_row_stride % kW != 0 || reinterpret_cast<uintptr_t>(a.out) % 16 != 0)

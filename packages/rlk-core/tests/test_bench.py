@@ -363,6 +363,41 @@ def test_findings_flag_rlk_rows_below_the_roofline_floor_or_slower_than_a_peer()
     assert len(listed) == 4
 
 
+def test_a_floor_row_is_a_bound_never_a_finding() -> None:
+    from rlk.bench import findings
+    from rlk.bench.report import markdown_table
+
+    rows = [_row("rlk:cuda", "rlk", 3.3, roofline_pct=90.0), _row("cublas", "floor", 3.0),
+            _row("rlk:cuda", "rlk", 2.0, case="N=16 V=32")]
+    findings.flag(rows)
+    same, floor, other = rows
+    assert same.findings == [] and same.floor_ratio == pytest.approx(1.1)
+    assert other.floor_ratio is None and floor.floor_ratio is None
+    assert "1.100x the cublas floor" in markdown_table(rows)
+
+
+def test_the_gemm_floor_runs_the_ops_gemms_and_is_not_checked(tmp_path: Path) -> None:
+    from rlk.bench.floors import gemm_floor
+    from rlk.bench.workload import Case
+
+    calls: list[tuple[int, ...]] = []
+    real_mm = torch.mm
+
+    def counting_mm(a, b, **kwargs):
+        calls.append((a.shape[0], b.shape[1]))
+        return real_mm(a, b, **kwargs)
+
+    x = {"hidden": torch.randn(2, 5, 8), "weight": torch.randn(30, 8)}
+    gspo = Case("GSPO", {"GSPO": 1})
+    call = gemm_floor(lambda case: 2 if case.dims["GSPO"] else 1).build(gspo, True,
+                                                                          torch.device("cpu"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "mm", counting_mm)
+        assert call(x) == {}
+    # the logits twice, then grad_hidden [N, H] and grad_weight [V, H]
+    assert calls == [(10, 30), (10, 30), (10, 8), (30, 8)]
+
+
 def test_reports_carry_the_findings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With a roofline floor no row can reach, every rlk row is a finding: the JSON, CSV and
     Markdown reports must all say so."""

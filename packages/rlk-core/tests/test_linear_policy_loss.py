@@ -178,6 +178,40 @@ def test_flat_hidden_and_upstream_gradient_scale():
     _close(w.grad, w2.grad, atol=1e-6, rtol=1e-4)
 
 
+def test_a_kernels_scale_grads_scales_the_eager_backward(monkeypatch):
+    """A kernel's optional forward.scale_grads gets the wanted gradients and the upstream
+    gradient; an error there names the backend."""
+    from rlk.native import linear_policy_loss as native
+
+    seen = []
+
+    def scale_grads(grads, grad_loss):
+        seen.append((len(grads), float(grad_loss)))
+        for grad in grads:
+            grad.mul_(grad_loss)
+
+    monkeypatch.setattr(native.forward, "scale_grads", scale_grads, raising=False)
+    data = _data()
+    h, w = _leaves(data["hidden"], data["weight"])
+    args = (data["tokens"], data["old_logp"], data["advantages"], data["mask"])
+    loss, _ = rlk.linear_policy_loss(h, w.detach(), *args)
+    (loss * 3.0).backward()
+    assert seen == [(1, 3.0)]  # the weight needs no gradient here
+    h2, w2 = _leaves(data["hidden"], data["weight"])
+    want, _, _ = _unfused(data, {}, h2, w2)
+    (want * 3.0).backward()
+    _close(h.grad, h2.grad, atol=1e-6, rtol=1e-4)
+
+    def broken(grads, grad_loss):
+        raise RuntimeError("scale failed")
+
+    monkeypatch.setattr(native.forward, "scale_grads", broken)
+    loss, _ = rlk.linear_policy_loss(*_leaves(data["hidden"], data["weight"]), *args)
+    with pytest.raises(RuntimeError, match="scale failed") as info:
+        loss.backward()
+    assert "forward.scale_grads" in "".join(getattr(info.value, "__notes__", []))
+
+
 def test_without_gradients_it_runs_the_forward_only(monkeypatch):
     """Under no_grad nothing asks for gradients: the op returns the same loss and no grads."""
     data = _data()

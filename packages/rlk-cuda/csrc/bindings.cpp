@@ -159,6 +159,19 @@ NB_MODULE(_C, m) {
         "out_dtype"_a, "out_row_stride"_a, "tokens"_a, "temperature"_a, "temp_rows"_a,
         "ignore_index"_a, "nseg"_a, "partial"_a, "logp"_a, "entropy"_a, "lse"_a, "scale"_a);
 
+  // A contiguous tensor times a float32 device scalar, in place (nothing to do when it is 1).
+  m.def("scale_by_device_factor",
+        [](int device, uintptr_t stream, uintptr_t data, int dtype, int64_t n, uintptr_t factor) {
+          if (n > 0) {
+            require(data, "data");
+            require(factor, "factor");
+          }
+          prepare(device);
+          rlk::ScaleArgs a{ptr<void>(data), dtype, n, ptr<const float>(factor)};
+          check(rlk::scale_by_device_factor(a, reinterpret_cast<void*>(stream)));
+        },
+        nb::kw_only(), "device"_a, "stream"_a, "data"_a, "dtype"_a, "n"_a, "factor"_a);
+
   // Soft cap of a float32 logits chunk in place (grad 0), or its chain rule into grad.
   m.def("soft_cap",
         [](int device, uintptr_t stream, uintptr_t logits, int64_t N, int64_t C,

@@ -192,6 +192,14 @@ struct PolicyLossArgs {
   int grad_type;              // ElemType of grad: logp's in the backward, float32 forward
 };
 
+// A contiguous tensor multiplied in place by *factor, a float32 on the device (scale.cu).
+struct ScaleArgs {
+  void* data;
+  int dtype;
+  int64_t n;
+  const float* factor;
+};
+
 // `stream` is a cudaStream_t (hipStream_t) passed as an opaque pointer.
 const char* select_device(int device);
 int logp_forward_segments(int64_t V);  // row segments of the forward (depends on V only)
@@ -209,6 +217,8 @@ const char* soft_cap(const SoftCapArgs& a, void* stream);
 int relative_probs_segments(int64_t V);
 const char* relative_probs(const RelProbArgs& a, void* stream);
 const char* group_advantages(const GroupAdvArgs& a, void* stream);
+// No work when *factor is exactly 1: the check happens on the device, the host never waits.
+const char* scale_by_device_factor(const ScaleArgs& a, void* stream);
 const char* sample(const SampleArgs& a, void* stream);
 // The forward writes loss and metrics, and grad too when given: d loss / d logp at upstream
 // grad_loss, exactly what policy_loss_backward writes (its rows come from the forward's pass).

@@ -210,3 +210,63 @@ def test_no_grad_forward_equals_the_training_forward() -> None:
     # different kernels (linear_logp's vocabulary chunks, the loop's row chunks), one truth
     assert abs(float(loss) - float(train_loss)) < 1e-5
     torch.testing.assert_close(metrics["logp"], train_metrics["logp"], atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("factor", [1.0, 0.37, -2.5, 0.0, float("nan")])
+def test_scale_grads_equals_torch_mul(dtype: torch.dtype, factor: float) -> None:
+    from rlk_cuda.linear_policy_loss import scale_grads
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    # sizes off the 16-byte vector, one element, a multi-block tail; a NaN and an inf inside
+    sizes = (1, 7, 1000003, 3 * 2048 * 256 * 8 + 5)
+    grads = [torch.randn(n, generator=gen, device="cuda").to(dtype) for n in sizes]
+    grads[2][17], grads[2][-1] = float("nan"), float("inf")
+    upstream = torch.tensor(factor, device="cuda")
+    expected = [(g.float() * upstream).to(dtype) for g in grads]  # one rounding, factor exact
+    before = [g.clone() for g in grads]
+    scale_grads(grads, upstream)
+    for got, want, old in zip(grads, expected, before, strict=True):
+        if factor == 1.0:  # untouched, bit for bit (NaN payloads included)
+            assert torch.equal(got.view(torch.uint8), old.view(torch.uint8))
+        else:
+            torch.testing.assert_close(got, want, atol=0, rtol=0, equal_nan=True)
+
+
+def test_scale_grads_falls_back_where_the_kernel_cannot_go() -> None:
+    from rlk_cuda.linear_policy_loss import scale_grads
+
+    base = torch.randn(1001, device="cuda", dtype=torch.bfloat16)
+    shifted = base[1:]  # 2 bytes past a 16-byte boundary
+    strided = torch.randn(64, 32, device="cuda").t()
+    upstream64 = torch.tensor(0.5, device="cuda", dtype=torch.float64)
+    for grad, upstream in ((shifted, torch.tensor(3.0, device="cuda")),
+                           (strided, torch.tensor(3.0, device="cuda")),
+                           (torch.randn(100, device="cuda"), upstream64)):
+        want = grad * upstream
+        scale_grads([grad], upstream)
+        torch.testing.assert_close(grad, want.to(grad.dtype), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("upstream", [1.0, 2.5])
+def test_upstream_gradient_scales_the_cuda_gradients(upstream: float) -> None:
+    data = _data(2, 96, 64, 3000, torch.bfloat16, seed=9)
+    args = (data["tokens"], data["old_logp"], data["advantages"], data["mask"])
+
+    def grads(scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = data["hidden"].clone().requires_grad_(True)
+        weight = data["weight"].clone().requires_grad_(True)
+        with rlk.use_backends("cuda", strict=True):
+            loss, _ = rlk.linear_policy_loss(hidden, weight, *args, ref_logp=data["ref_logp"],
+                                             kl_coef=0.04)
+        (loss * scale).backward()
+        assert hidden.grad is not None and weight.grad is not None
+        return hidden.grad, weight.grad
+
+    base_hidden, base_weight = grads(1.0)
+    got_hidden, got_weight = grads(upstream)
+    # the forward's gradients are the same; the scaling is torch's mul_ by the upstream
+    torch.testing.assert_close(got_hidden, base_hidden * torch.tensor(upstream, device="cuda"),
+                               atol=0, rtol=0)
+    torch.testing.assert_close(got_weight, base_weight * torch.tensor(upstream, device="cuda"),
+                               atol=0, rtol=0)

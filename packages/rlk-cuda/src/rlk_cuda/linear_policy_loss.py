@@ -175,6 +175,23 @@ def forward(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
                     ignore_index, entropy_coef, policy, needs_input_grad)
 
 
+def scale_grads(grads: list[Tensor], grad_loss: Tensor) -> None:
+    """The forward's gradients (at upstream 1) times the loss's upstream gradient, in place,
+    with no work when it is 1 (checked on the device: the host never waits). A 0-d CUDA factor
+    sends torch's mul_ down its strided path: 2.5 ms per step for a 128256 x 4096 weight."""
+    ext = _ext.load()
+    for grad in grads:
+        usable = (grad_loss.dtype == torch.float32 and grad_loss.device == grad.device
+                  and grad.is_contiguous() and grad.data_ptr() % 16 == 0)
+        if not usable:
+            grad.mul_(grad_loss)
+            continue
+        device = device_of("grad", grad)
+        ext.scale_by_device_factor(device=device, stream=stream(device), data=ptr(grad),
+                                   dtype=dtype_code("grad", grad), n=grad.numel(),
+                                   factor=ptr(grad_loss))
+
+
 def plan(hidden: Tensor, weight: Tensor, policy: dict[str, Any], softcap: float | None = None,
          group: dist.ProcessGroup | None = None, entropy_coef: float = 0.0, **_: Any) -> str:
     """Which path `forward` takes for these kernel arguments, in words (for rlk.explain)."""
@@ -258,3 +275,4 @@ def _relative_probs(logits: Tensor, out: Tensor, block: _Block, first: int, last
 
 
 forward.plan = plan  # type: ignore[attr-defined]
+forward.scale_grads = scale_grads  # type: ignore[attr-defined]

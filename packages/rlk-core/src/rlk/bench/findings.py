@@ -2,8 +2,9 @@
 
 An rlk row is a finding when it passes but reaches less than ROOFLINE_FLOOR_PCT of its
 roofline, or when a peer that passed in the same group (workload, mode, shape, dtype) took
-less time. Each finding is written on its row and listed in every report and the console
-summary, so a slow path shows up however large the sweep.
+less time (a floor row, rlk.bench.floors, is a bound and never counts). Each finding is
+written on its row and listed in every report and the console summary, so a slow path
+shows up however large the sweep.
 """
 
 from __future__ import annotations
@@ -20,16 +21,24 @@ def _key(row: Row) -> tuple[str, str, str, str]:
 
 
 def flag(rows: Iterable[Row]) -> None:
-    """Write each rlk row's findings into `row.findings` (replacing what was there)."""
+    """Write each rlk row's findings into `row.findings` (replacing what was there), and its
+    time as a multiple of its group's floor row (rlk.bench.floors) into `row.floor_ratio`."""
     rows = list(rows)
     fastest_peers: dict[tuple[str, str, str, str], list[Row]] = {}
+    floors: dict[tuple[str, str, str, str], float] = {}
     for row in rows:
-        if row.kind == "peer" and row.status == PASS and row.time_ms is not None:
+        if row.status != PASS or row.time_ms is None:
+            continue
+        if row.kind == "peer":
             fastest_peers.setdefault(_key(row), []).append(row)
+        elif row.kind == "floor" and row.time_ms > 0:
+            floors[_key(row)] = row.time_ms
     for row in rows:
-        row.findings = []
+        row.findings, row.floor_ratio = [], None
         if row.kind != "rlk" or row.status != PASS or row.time_ms is None:
             continue
+        if _key(row) in floors:
+            row.floor_ratio = row.time_ms / floors[_key(row)]
         if row.roofline_pct is not None and row.roofline_pct < ROOFLINE_FLOOR_PCT:
             row.findings.append(f"{row.roofline_pct:.0f}% of its {row.bound} roofline "
                                 f"(below {ROOFLINE_FLOOR_PCT:.0f}%)")

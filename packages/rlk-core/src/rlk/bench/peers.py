@@ -16,7 +16,7 @@ import torch
 
 from rlk.bench.workload import Blocked
 
-PEERS = ("eager", "compile", "unfused", "liger", "cce", "flashinfer")
+PEERS = ("eager", "compile", "unfused", "liger", "cce", "flashinfer", "cublas")
 DISTRIBUTIONS = {
     "liger": "liger-kernel",
     "cce": "cut-cross-entropy",
@@ -29,6 +29,7 @@ DESCRIPTIONS = {
     "liger": "Liger-Kernel (cross entropy, fused linear cross entropy; reduction='none')",
     "cce": "Cut Cross-Entropy linear_cross_entropy (reduction='none', default filter_eps)",
     "flashinfer": "FlashInfer top_k_top_p_sampling_from_logits (tokens only)",
+    "cublas": "the floor of the LM-head ops: their GEMMs alone through torch.mm (cuBLAS)",
 }
 
 

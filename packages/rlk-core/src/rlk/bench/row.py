@@ -18,7 +18,7 @@ class Row:
     dtype: str
     device: str
     impl: str  # "rlk:<backend>" or a peer name
-    kind: str  # "rlk" or "peer"
+    kind: str  # "rlk", "peer" or "floor" (rlk.bench.floors)
     status: str = PASS
     reason: str = ""
     time_ms: float | None = None
@@ -38,3 +38,4 @@ class Row:
     checked: str = ""
     note: str = ""
     findings: list[str] = field(default_factory=list)  # see rlk.bench.findings
+    floor_ratio: float | None = None  # time over the group's floor row's (rlk.bench.floors)

@@ -83,8 +83,8 @@ def impls_for(workload: Workload, options: Options) -> list[Impl]:
     if not chosen and options.backends is None:
         impls.append(Impl("rlk", "rlk", blocked=f"no installed backend registers '{workload.op}'"))
     wanted = options.peers if options.peers is not None else list(workload.peers)
-    impls += [Impl(name, "peer", peer=workload.peers[name]) for name in wanted
-              if name in workload.peers]
+    impls += [Impl(name, "floor" if workload.peers[name].floor else "peer",
+                   peer=workload.peers[name]) for name in wanted if name in workload.peers]
     return impls
 
 

@@ -58,13 +58,16 @@ class Peer:
 
     `build(case, backward, device)` returns the call or raises `Blocked`; `mutates` names the
     inputs the call overwrites in forward+backward mode (they are restored before
-    every call, outside the timed region).
+    every call, outside the timed region). A `floor` is a bound rather than a competitor
+    (rlk.bench.floors): its row is timed beside the others, never checked against rlk's
+    and never makes a finding.
     """
 
     name: str
     build: Callable[[Case, bool, torch.device], Call]
     mutates: tuple[str, ...] = ()
     note: str = ""
+    floor: bool = False
 
 
 @dataclass(frozen=True)

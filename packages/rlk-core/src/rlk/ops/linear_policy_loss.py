@@ -20,7 +20,7 @@ from rlk import config, reference, shards
 from rlk.ops import head, validate
 from rlk.ops import policy_loss as policy_losses
 from rlk.ops import temperature as temperatures
-from rlk.ops.contract import BoundKernel, Out
+from rlk.ops.contract import BoundKernel, Out, attribute
 from rlk.ops.policy_loss_options import METRICS, PolicyLossOptions
 from rlk.ops.spec import (
     GradCase,
@@ -241,7 +241,9 @@ def _op_args(args: Mapping[str, Any]) -> tuple[Any, ...]:
 class _EagerLoss(torch.autograd.Function):
     """The selected kernel under plain autograd when nothing traces the call (no torch.library
     wrappers): the gradients the forward computed stay private to the call and are scaled in
-    place by the upstream gradient, so no second copy of the weight's gradient ever exists."""
+    place by the upstream gradient, so no second copy of the weight's gradient ever exists.
+    A kernel may scale them itself (its optional `forward.scale_grads(grads, grad_loss)`):
+    torch's mul_ by a 0-d device tensor takes a slow strided path."""
 
     @staticmethod
     def forward(ctx: Any, args: dict[str, Any], hidden: Tensor, weight: Tensor,
@@ -251,7 +253,7 @@ class _EagerLoss(torch.autograd.Function):
         kernel = LINEAR_POLICY_LOSS.kernel(kernel_args)
         with head.without_autocast(hidden.device):
             loss, metrics, logp, *grads = kernel.forward(**kernel_args)
-        ctx.grads = grads
+        ctx.grads, ctx.kernel = grads, kernel
         ctx.mark_non_differentiable(metrics, logp)
         ctx.set_materialize_grads(False)
         return loss, metrics, logp
@@ -263,10 +265,27 @@ class _EagerLoss(torch.autograd.Function):
             raise RuntimeError("rlk.linear_policy_loss computes its gradients in the forward "
                                "and scales them in place, so a call's backward runs once; "
                                "call the op again to differentiate again")
-        need = ctx.needs_input_grad[1:]
-        scaled = [grad.mul_(grad_loss) if wanted and grad_loss is not None else None
-                  for grad, wanted in zip(grads, need, strict=True)]
-        return (None, *scaled)
+        if grad_loss is None:
+            return (None,) * (len(grads) + 1)
+        wanted = [grad for grad, need in zip(grads, ctx.needs_input_grad[1:], strict=True)
+                  if need]
+        _scale(ctx.kernel, wanted, grad_loss)
+        return (None, *(grad if need else None
+                        for grad, need in zip(grads, ctx.needs_input_grad[1:], strict=True)))
+
+
+def _scale(kernel: BoundKernel, grads: list[Tensor], grad_loss: Tensor) -> None:
+    """grads *= grad_loss in place, by the kernel's `forward.scale_grads` when it has one."""
+    scale_grads = getattr(kernel.kernel.forward, "scale_grads", None)
+    if scale_grads is None:
+        for grad in grads:
+            grad.mul_(grad_loss)
+        return
+    try:
+        scale_grads(grads, grad_loss)
+    except Exception as exc:
+        attribute(exc, kernel.kernel, "forward.scale_grads")
+        raise
 
 
 def _run(args: dict[str, Any]) -> tuple[Tensor, ...]:

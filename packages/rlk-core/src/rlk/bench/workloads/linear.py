@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from rlk import reference
-from rlk.bench import checks, peers
+from rlk.bench import checks, floors, peers
 from rlk.bench.workload import (
     FORWARD,
     FORWARD_BACKWARD,
@@ -126,6 +126,7 @@ PEERS = {
                   note="reduction='none' recomputes the gradients in the backward"),
     "cce": Peer("cce", _package_peer("cce", "cut_cross_entropy", "linear_cross_entropy"),
                 note="default filter_eps: small gradient entries are skipped"),
+    "cublas": floors.gemm_floor(lambda case: 2),  # the backward recomputes the logits
 }
 
 LINEAR_LOGP = Workload(

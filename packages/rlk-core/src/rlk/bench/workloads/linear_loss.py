@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from rlk import reference
-from rlk.bench import checks, peers
+from rlk.bench import checks, floors, peers
 from rlk.bench.workload import (
     FORWARD,
     FORWARD_BACKWARD,
@@ -235,6 +235,7 @@ PEERS = {
     "compile": _eager_peer(True),
     "liger": Peer("liger", _liger, note="LigerFusedLinearGRPOLoss, chunk_size=1; 'grpo' "
                   "divides by all rows, rlk's GSPO mean by non-empty ones (same here)"),
+    "cublas": floors.gemm_floor(lambda case: 2 if case.dims["GSPO"] else 1),
 }
 
 # rlk-cuda's chunk budget (default 768 MiB) halved and doubled: what the default trades

@@ -172,6 +172,24 @@ NB_MODULE(_C, m) {
         },
         nb::kw_only(), "device"_a, "stream"_a, "data"_a, "dtype"_a, "n"_a, "factor"_a);
 
+  // out[r, :] = src[r, :] * factor[r] in out's dtype, zeros where factor[r] is 0.
+  m.def("scale_rows",
+        [](int device, uintptr_t stream, uintptr_t src, int src_dtype, int64_t src_row_stride,
+           uintptr_t out, int out_dtype, int64_t out_row_stride, int64_t rows, int64_t cols,
+           uintptr_t factor) {
+          if (rows > 0 && cols > 0) {
+            require(src, "src");
+            require(out, "out");
+            require(factor, "factor");
+          }
+          prepare(device);
+          rlk::ScaleRowsArgs a{ptr<const void>(src), src_dtype, src_row_stride, ptr<void>(out),
+                               out_dtype, out_row_stride, rows, cols, ptr<const float>(factor)};
+          check(rlk::scale_rows(a, reinterpret_cast<void*>(stream)));
+        },
+        nb::kw_only(), "device"_a, "stream"_a, "src"_a, "src_dtype"_a, "src_row_stride"_a, "out"_a,
+        "out_dtype"_a, "out_row_stride"_a, "rows"_a, "cols"_a, "factor"_a);
+
   // Soft cap of a float32 logits chunk in place (grad 0), or its chain rule into grad.
   m.def("soft_cap",
         [](int device, uintptr_t stream, uintptr_t logits, int64_t N, int64_t C,

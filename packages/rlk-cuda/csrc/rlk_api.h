@@ -200,6 +200,19 @@ struct ScaleArgs {
   const float* factor;
 };
 
+// Rows [rows, cols] (unit column stride) times one float32 factor each, into another dtype;
+// zeros where the factor is 0 (scale.cu).
+struct ScaleRowsArgs {
+  const void* src;
+  int src_dtype;
+  int64_t src_row_stride;
+  void* out;
+  int out_dtype;
+  int64_t out_row_stride;
+  int64_t rows, cols;
+  const float* factor;  // [rows]
+};
+
 // `stream` is a cudaStream_t (hipStream_t) passed as an opaque pointer.
 const char* select_device(int device);
 int logp_forward_segments(int64_t V);  // row segments of the forward (depends on V only)
@@ -219,6 +232,7 @@ const char* relative_probs(const RelProbArgs& a, void* stream);
 const char* group_advantages(const GroupAdvArgs& a, void* stream);
 // No work when *factor is exactly 1: the check happens on the device, the host never waits.
 const char* scale_by_device_factor(const ScaleArgs& a, void* stream);
+const char* scale_rows(const ScaleRowsArgs& a, void* stream);
 const char* sample(const SampleArgs& a, void* stream);
 // The forward writes loss and metrics, and grad too when given: d loss / d logp at upstream
 // grad_loss, exactly what policy_loss_backward writes (its rows come from the forward's pass).

@@ -1,10 +1,15 @@
-// A tensor multiplied in place by a float32 factor that lives on the device: the backward of
-// linear_policy_loss, whose forward computed the input gradients at upstream gradient 1, scales
-// them by the loss's upstream gradient without reading it on the host. Every thread reads the
-// factor and returns when it is exactly 1 (loss.backward()), so that case moves no data;
-// otherwise one pass of 16-byte vectors, each element float(x) * factor rounded once to the
-// tensor's dtype (torch's mul_ by a 0-d float32 tensor first rounds the factor to a bfloat16 or
-// float16 tensor's dtype; products below float32's normal range flush to zero here).
+// Scaling by factors that live on the device, for linear_policy_loss:
+// - scale_by_device_factor: a tensor multiplied in place by one float32 factor, the upstream
+//   gradient of the loss (the forward computed the input gradients at 1). Every thread reads
+//   the factor and returns when it is exactly 1 (loss.backward()), so that case moves no data;
+//   otherwise one pass of 16-byte vectors, each element float(x) * factor rounded once to the
+//   tensor's dtype (torch's mul_ by a 0-d float32 tensor first rounds the factor to a bfloat16
+//   or float16 tensor's dtype).
+// - scale_rows: out[r, :] = src[r, :] * factor[r] in another dtype, zeros where factor[r] is 0
+//   whatever the row holds (a masked row's hidden state may be NaN): the per-row gradient
+//   factors applied to a block's hidden rows and to its grad_hidden GEMM output, one pass where
+//   torch's broadcast multiply, where() and cast took four strided ones.
+// Products below float32's normal range flush to zero (the library's -ftz).
 #include "common.cuh"
 #include "rlk_api.h"
 
@@ -42,6 +47,79 @@ void launch(const ScaleArgs& a, rlkStream_t s) {
   scale_kernel<T><<<blocks, kThreads, 0, s>>>(static_cast<T*>(a.data), a.n, a.factor);
 }
 
+// Eight elements from 16-byte aligned memory, as floats (two vectors of float32, one of 16-bit).
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, float (&v)[8]) {
+  if constexpr (sizeof(T) == 4) {
+    float lo[4], hi[4];
+    unpack<float>(load_stream(reinterpret_cast<const uint4*>(p)), lo);
+    unpack<float>(load_stream(reinterpret_cast<const uint4*>(p) + 1), hi);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = lo[k], v[k + 4] = hi[k];
+  } else {
+    unpack<T>(load_stream(reinterpret_cast<const uint4*>(p)), v);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void store8(T* p, const float (&v)[8]) {
+  if constexpr (sizeof(T) == 4) {
+    const float lo[4] = {v[0], v[1], v[2], v[3]}, hi[4] = {v[4], v[5], v[6], v[7]};
+    reinterpret_cast<uint4*>(p)[0] = pack<float>(lo);
+    reinterpret_cast<uint4*>(p)[1] = pack<float>(hi);
+  } else {
+    *reinterpret_cast<uint4*>(p) = pack<T>(v);
+  }
+}
+
+// Block r: row r. Vec: every row of both matrices starts on a 16-byte boundary, cols % 8 == 0.
+template <typename I, typename O, bool Vec>
+__global__ void __launch_bounds__(kThreads) scale_rows_kernel(ScaleRowsArgs a) {
+  const int64_t r = blockIdx.x;
+  const float f = a.factor[r];
+  const I* in = static_cast<const I*>(a.src) + r * a.src_row_stride;
+  O* out = static_cast<O*>(a.out) + r * a.out_row_stride;
+  if constexpr (Vec) {
+    for (int64_t j = int64_t(threadIdx.x) * 8; j < a.cols; j += kThreads * 8) {
+      float v[8];
+      if (f == 0.f) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = 0.f;
+      } else {
+        load8<I>(in + j, v);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] *= f;
+      }
+      store8<O>(out + j, v);
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < a.cols; j += kThreads)
+      out[j] = from_float<O>(f == 0.f ? 0.f : to_float(in[j]) * f);
+  }
+}
+
+template <typename I, typename O>
+void launch_rows(const ScaleRowsArgs& a, rlkStream_t s) {
+  const auto aligned = [](const void* p, int64_t stride, int64_t size) {
+    return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (stride * size) % 16 == 0;
+  };
+  const bool vec = a.cols % 8 == 0 && aligned(a.src, a.src_row_stride, sizeof(I)) &&
+                   aligned(a.out, a.out_row_stride, sizeof(O));
+  const unsigned blocks = static_cast<unsigned>(a.rows);
+  if (vec) scale_rows_kernel<I, O, true><<<blocks, kThreads, 0, s>>>(a);
+  else scale_rows_kernel<I, O, false><<<blocks, kThreads, 0, s>>>(a);
+}
+
+template <typename I>
+bool launch_rows_from(const ScaleRowsArgs& a, rlkStream_t s) {
+  switch (a.out_dtype) {
+    case kF32: launch_rows<I, float>(a, s); return true;
+    case kBF16: launch_rows<I, bf16_t>(a, s); return true;
+    case kF16: launch_rows<I, f16_t>(a, s); return true;
+    default: return false;
+  }
+}
+
 }  // namespace
 
 const char* scale_by_device_factor(const ScaleArgs& a, void* stream) {
@@ -55,6 +133,22 @@ const char* scale_by_device_factor(const ScaleArgs& a, void* stream) {
     case kF16: launch<f16_t>(a, s); break;
     default: return "scale_by_device_factor: dtype must be float32, bfloat16 or float16";
   }
+  const rlkError_t e = rlkGetLastError();
+  return e == rlkSuccess ? nullptr : rlkGetErrorString(e);
+}
+
+const char* scale_rows(const ScaleRowsArgs& a, void* stream) {
+  if (a.rows == 0 || a.cols == 0) return nullptr;
+  if (a.rows > 0x7fffffffLL) return "scale_rows: too many rows for one launch";
+  const rlkStream_t s = static_cast<rlkStream_t>(stream);
+  bool known = false;
+  switch (a.src_dtype) {
+    case kF32: known = launch_rows_from<float>(a, s); break;
+    case kBF16: known = launch_rows_from<bf16_t>(a, s); break;
+    case kF16: known = launch_rows_from<f16_t>(a, s); break;
+    default: break;
+  }
+  if (!known) return "scale_rows: dtypes must be float32, bfloat16 or float16";
   const rlkError_t e = rlkGetLastError();
   return e == rlkSuccess ? nullptr : rlkGetErrorString(e);
 }

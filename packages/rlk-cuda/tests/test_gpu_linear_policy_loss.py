@@ -270,3 +270,29 @@ def test_upstream_gradient_scales_the_cuda_gradients(upstream: float) -> None:
                                atol=0, rtol=0)
     torch.testing.assert_close(got_weight, base_weight * torch.tensor(upstream, device="cuda"),
                                atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("src_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cols", [4096, 13])  # the vector path, and the element path
+def test_scale_rows_against_float32(src_dtype: torch.dtype, out_dtype: torch.dtype,
+                                    cols: int) -> None:
+    from rlk_cuda.linear_policy_loss import scale_rows
+
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    rows = 300
+    src = torch.randn(rows, cols, generator=gen, device="cuda").to(src_dtype)
+    src[7] = float("nan")  # a masked row's hidden state: its factor is 0, its output 0
+    factor = torch.randn(rows, generator=gen, device="cuda") * 1e-3
+    factor[7] = factor[20] = 0.0
+    out = torch.full((rows, cols), float("nan"), device="cuda", dtype=out_dtype)
+    scale_rows(src, factor, out)
+    want = torch.where(factor[:, None] != 0, src.float() * factor[:, None], 0.0).to(out_dtype)
+    torch.testing.assert_close(out, want, atol=0, rtol=0)
+    # rows off 16-byte boundaries on both sides (column slices of wider matrices)
+    wide = torch.randn(rows, cols + 1, generator=gen, device="cuda").to(src_dtype)
+    into = torch.full((rows, cols + 3), float("nan"), device="cuda", dtype=out_dtype)
+    scale_rows(wide[:, 1:], factor, into[:, 3:])
+    want = torch.where(factor[:, None] != 0, wide[:, 1:].float() * factor[:, None], 0.0)
+    torch.testing.assert_close(into[:, 3:], want.to(out_dtype), atol=0, rtol=0)
+    assert into[:, :3].isnan().all()  # nothing written outside the rows

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from . import _ext
 from . import logp as logp_kernels
-from ._launch import device_of, dtype_code, f32_empty, ptr, stream
+from ._launch import device_of, dtype_code, f32_empty, ptr, rows_major, stream
 from .linear import chunk_bytes, padded, rows_view, soft_cap
 
 Temperature = float | Tensor
@@ -148,11 +148,12 @@ class CudaChunkOps(loop.ChunkOps):
         e = rows_view(self._grads, block.stop - block.start, self.weight.shape[0])
         factor = block.factor(grad_logp)
         if grads.hidden is not None:
-            grads.hidden[rows] = _float32_mm(e, self.operand).mul_(factor[:, None])
+            scale_rows(_float32_mm(e, self.operand), factor, grads.hidden[rows])
         if grads.weight is not None:
             # rows with no gradient: zero, whatever their hidden state (it may be NaN)
-            scaled = torch.where(factor[:, None] != 0, self.hidden[rows] * factor[:, None], 0.0)
-            self.add_weight_grad(grads.weight, e, scaled.to(e.dtype))
+            hidden = self.hidden[rows]
+            scaled = scale_rows(hidden, factor, hidden.new_empty(hidden.shape, dtype=e.dtype))
+            self.add_weight_grad(grads.weight, e, scaled)
         if grads.bias is not None:
             grads.bias += _float32_mm(factor.to(e.dtype)[None], e)[0]
 
@@ -173,6 +174,21 @@ def forward(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
                        one_read=_one_read(weight, softcap, group, entropy_coef))
     return loop.run(ops, tokens, lm_head.kernel_temperature(temperature, softcap),
                     ignore_index, entropy_coef, policy, needs_input_grad)
+
+
+def scale_rows(src: Tensor, factor: Tensor, out: Tensor) -> Tensor:
+    """out[r] = src[r] * factor[r] in out's dtype, zeros where factor[r] is 0 (one pass; the
+    broadcast multiply, where() and cast it replaces took four). factor: float32 [rows]."""
+    src = rows_major(src)
+    if out.shape[1] > 1 and out.stride(1) != 1:
+        raise ValueError(f"scale_rows writes rows of unit column stride; got {out.stride()}")
+    device = device_of("src", src)
+    _ext.load().scale_rows(
+        device=device, stream=stream(device), src=ptr(src), src_dtype=dtype_code("src", src),
+        src_row_stride=src.stride(0), out=ptr(out), out_dtype=dtype_code("out", out),
+        out_row_stride=out.stride(0), rows=src.shape[0], cols=src.shape[1],
+        factor=ptr(factor.to(torch.float32).contiguous()))
+    return out
 
 
 def scale_grads(grads: list[Tensor], grad_loss: Tensor) -> None:

@@ -35,7 +35,8 @@ def _logits(batch: int, vocab: int, scale: float, dtype: torch.dtype, seed: int)
 
 def _random_seeds(batch: int, seed: int) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
-    return torch.randint(-(2**62), 2**62, (batch,), generator=generator, dtype=torch.int64)
+    return torch.randint(-(2**62), 2**62, (batch,), generator=generator,
+                         dtype=torch.int64).to(DEVICE)
 
 
 def test_probe_accepts_this_machine():
@@ -47,7 +48,7 @@ def test_probe_accepts_this_machine():
 def test_temperature_regression_frequencies(temperature: float, dtype: torch.dtype):
     row = _logits(1, 16, 0.7, dtype, seed=11)
     draws = 20000
-    seeds = torch.arange(draws, dtype=torch.int64) + 7 * 2**40
+    seeds = torch.arange(draws, dtype=torch.int64, device=DEVICE) + 7 * 2**40
     tokens, logp, processed = sample(row.expand(draws, -1), temperature, 0, 1.0, 0.0, seeds)
     assert torch.equal(processed, logp)  # no filter: the kept set is the whole vocabulary
     right = torch.softmax(row[0].double() / temperature, -1).cpu()
@@ -112,11 +113,13 @@ def test_ties_at_the_top_p_boundary_are_kept_together(dtype: torch.dtype):
 
 def test_a_row_depends_only_on_its_logits_and_seed():
     logits = _logits(300, 32000, 2.0, torch.bfloat16, seed=15)
-    seeds = torch.cat([_random_seeds(200, 6), torch.arange(100, dtype=torch.int64) + 5000])
+    seeds = torch.cat([_random_seeds(200, 6),
+                       torch.arange(100, dtype=torch.int64, device=DEVICE) + 5000])
     tokens, _, _ = sample(logits, 1.0, 0, 0.95, 0.0, seeds)
     order = torch.randperm(300, generator=torch.Generator().manual_seed(1))
-    shuffled, _, _ = sample(logits[order.to(DEVICE)], 1.0, 0, 0.95, 0.0, seeds[order])
-    assert torch.equal(shuffled.cpu(), tokens.cpu()[order])
+    order = order.to(DEVICE)
+    shuffled, _, _ = sample(logits[order], 1.0, 0, 0.95, 0.0, seeds[order])
+    assert torch.equal(shuffled, tokens[order])
     for row in (0, 57, 199, 200, 299):
         alone, _, _ = sample(logits[row:row + 1], 1.0, 0, 0.95, 0.0, seeds[row:row + 1])
         assert int(alone) == int(tokens[row])
@@ -161,3 +164,17 @@ def test_shortlist_and_full_vocabulary_rows_in_one_batch(dtype: torch.dtype):
     for row in (0, 1, 2, 5, 63):
         alone, _, _ = sample(logits[row:row + 1], 1.0, 0, 0.9, 0.02, seeds[row:row + 1])
         assert int(alone) == int(tokens[row])
+
+
+def test_changing_top_k_does_not_recompile():
+    """top_k and the shortlist length are not specialised on: a new value reuses the kernel."""
+    from rlk_flashinfer import kernel
+
+    logits = _logits(8, 5000, 3.0, torch.float32, seed=19)
+    seeds = _random_seeds(8, 10)
+    sample(logits, 1.0, 50, 1.0, 0.0, seeds)
+    cache = kernel.sample_rows.device_caches[torch.cuda.current_device()][0]
+    compiled = len(cache)
+    for top_k in (51, 64, 17, 1, 900):  # shortlists of 1024 entries: one block size
+        sample(logits, 1.0, top_k, 1.0, 0.0, seeds)
+    assert len(cache) == compiled

@@ -311,6 +311,7 @@ def test_blocks_and_strides_do_not_change_results(fake: FakeFlashInfer, monkeypa
         ({"min_p": 1.0}, ValueError, r"\[0, 1\).*got 1.0"),
         ({"seeds": torch.zeros(4, dtype=torch.int32)}, TypeError, "got torch.int32"),
         ({"seeds": torch.zeros(3, dtype=torch.int64)}, ValueError, r"\(4,\).*got \(3,\)"),
+        ({"seeds": torch.zeros(4, dtype=torch.int64, device="meta")}, ValueError, "got meta"),
     ],
 )
 def test_bad_arguments_are_refused_with_both_values(fake: FakeFlashInfer, change, error, message):

@@ -28,21 +28,21 @@ _KEY_LOW = tl.constexpr(-2139095041)  # key(-inf)
 
 
 @triton.jit
-def chunk_stats(logits, vocab, temperature, maxima, sums, CHUNKS: tl.constexpr,
+def chunk_stats(logits, temperature, stats, VOCAB: tl.constexpr, CHUNKS: tl.constexpr,
                 CHUNK: tl.constexpr):
     """Per (row, chunk): the largest logit (NaN if the chunk holds NaN or +inf) and the sum
-    of exp((x - largest) / T) over the chunk."""
+    of exp((x - largest) / T) over the chunk, into the row's `stats` (rlk_flashinfer.kernel)."""
     row, chunk = tl.program_id(0), tl.program_id(1)
     columns = chunk * CHUNK + tl.arange(0, CHUNK)
-    x = tl.load(logits + row.to(tl.int64) * vocab + columns, mask=columns < vocab,
+    x = tl.load(logits + row.to(tl.int64) * VOCAB + columns, mask=columns < VOCAB,
                 other=-float("inf")).to(tl.float32)
     bad = tl.sum(((x != x) | (x == float("inf"))).to(tl.int32), 0) > 0
     top = tl.max(x, 0)
     total = tl.sum(tl.exp((x - top) / temperature), 0)
     total = tl.where(top == -float("inf"), 0.0, total)
-    at = row * CHUNKS + chunk
-    tl.store(maxima + at, tl.where(bad, float("nan"), top))
-    tl.store(sums + at, total)
+    at = stats + row * (2 * CHUNKS) + chunk
+    tl.store(at, tl.where(bad, float("nan"), top))
+    tl.store(at + CHUNKS, total)
 
 
 @triton.jit
@@ -160,3 +160,14 @@ def draw(row_logits, vocab, top, temperature, threshold, log_min_p, maxima, sums
     drawn = tl.sum(tl.where(tl.arange(0, CHUNK) == position, x, 0.0), 0)
     scaled = (drawn.to(tl.float64) - top.to(tl.float64)) / temperature
     return chunk * CHUNK + position, scaled - tl.log(tl.sum(masses, 0))
+
+
+@triton.jit
+def first_largest(row_logits, vocab, top, largest, CHUNKS: tl.constexpr, CHUNK: tl.constexpr):
+    """The greedy token: the first position of the row's largest logit `top` (finite), found
+    in the first chunk whose largest (`largest`, per chunk) it is, as torch.argmax picks."""
+    slots = tl.arange(0, CHUNKS)
+    chunk = tl.min(tl.where(largest == top, slots, CHUNKS), 0)
+    columns = chunk * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(row_logits + columns, mask=columns < vocab, other=-float("inf")).to(tl.float32)
+    return chunk * CHUNK + tl.min(tl.where(x == top, tl.arange(0, CHUNK), CHUNK), 0)

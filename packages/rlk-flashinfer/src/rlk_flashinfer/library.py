@@ -58,7 +58,14 @@ def load_topk() -> ModuleType:
     return _load_submodule("topk")
 
 
+# name -> (the flashinfer package it was loaded from, the submodule): a call per sample
+_LOADED: dict[str, tuple[ModuleType, ModuleType]] = {}
+
+
 def _load_submodule(name: str) -> ModuleType:
+    loaded = _LOADED.get(name)
+    if loaded is not None and sys.modules.get(MODULE) is loaded[0]:
+        return loaded[1]  # checked when this package was loaded (a test may swap it)
     try:
         package = importlib.import_module(MODULE)
     except ImportError as exc:
@@ -69,4 +76,6 @@ def _load_submodule(name: str) -> ModuleType:
     reason = version_reason(getattr(package, "__version__", None) or installed_version())
     if reason is not None:
         raise RuntimeError(reason)
-    return importlib.import_module(f"{MODULE}.{name}")
+    module = importlib.import_module(f"{MODULE}.{name}")
+    _LOADED[name] = (package, module)
+    return module

@@ -3,8 +3,12 @@
 A call is a handful of launches and never waits for the device:
   full_vocabulary.chunk_stats   one read of the logits: per chunk its maximum and sum-exp
   flashinfer.top_k              each row's shortlist, when a filter can bound the kept set
-  kernel.sample_rows            one program per row: validity, shortlist or whole vocabulary
+  kernel.sample_rows            one program per row: validity, greedy, shortlist or whole
+                                vocabulary; writes tokens (-1: none) and processed_logp
   rlk.logp                      `logp` of the drawn tokens, so that it matches bit for bit
+and, with no filter, a copy of logp as processed_logp. The host work per call is counted:
+three allocations (two with no filter), the launches above, no other torch op.
+
 The draw uses uniforms of the row's own seed (rlk_flashinfer.seeds): FlashInfer's samplers
 key a row's random numbers by its position in the launch (0.7) or read one seed for all
 rows (0.6), so with them a row's token would depend on the batch.
@@ -16,6 +20,7 @@ import math
 
 import torch
 
+import rlk
 from rlk.backend import drawn_logp
 from rlk_flashinfer import library
 
@@ -31,60 +36,59 @@ def sample(
     min_p: float,
     seeds: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One token per row; returns (tokens int64 [B], logp f32 [B], processed_logp f32 [B])."""
+    """One token per row; returns (tokens int64 [B], logp f32 [B], processed_logp f32 [B]).
+
+    Temperature 0 is greedy: the first largest logit, logp at T = 1, processed_logp 0."""
     check_arguments(logits, temperature, top_k, top_p, min_p, seeds)
-    if temperature == 0.0:
-        return _greedy(logits)
     batch, vocab = logits.shape
     device = logits.device
-    tokens = torch.empty(batch, dtype=torch.int64, device=device)
-    processed = torch.empty(batch, dtype=torch.float32, device=device)
     k = top_k if 0 < top_k < vocab else 0
+    # greedy and every filter write processed_logp; with no filter it is logp itself
+    plain = temperature > 0.0 and (k, top_p, min_p) == (0, 1.0, 0.0)
+    tokens = torch.empty(batch, dtype=torch.int64, device=device)
+    processed = None if plain else torch.empty(batch, dtype=torch.float32, device=device)
     if batch > 0:
         from rlk_flashinfer import kernel, shortlist  # Triton: imported on first use
 
-        logits = logits.contiguous()
-        maxima, sums = kernel.chunk_statistics(logits, temperature)
-        size = shortlist.size(vocab, k, top_p, min_p)
-        values, indices = _shortlists(logits, size or 0)
-        kernel.sample(logits, seeds.to(device), maxima, sums, values, indices, temperature, k,
-                      top_p, min_p, tokens, processed)
-    logp = drawn_logp(logits, tokens, temperature)
-    if (k, top_p, min_p) == (0, 1.0, 0.0):  # the kept set is the whole vocabulary
-        processed = logp.clone()
-    return tokens, logp, processed
+        if not logits.is_contiguous():
+            logits = logits.contiguous()
+        stats = kernel.statistics(logits, temperature or 1.0)
+        size = None if temperature == 0.0 else shortlist.size(vocab, k, top_p, min_p)
+        shortlists = None if size is None else _shortlists(logits, size)
+        kernel.sample(logits, seeds, stats, shortlists, temperature, k, top_p, min_p, tokens,
+                      processed)
+    logp = _logp(logits, tokens, temperature or 1.0)
+    return tokens, logp, logp.clone() if processed is None else processed
+
+
+def _logp(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """rlk.logp of the drawn tokens, outside any strict scope the caller opened for `sample`
+    (flashinfer has no logp kernel). A token of -1 (no valid token) is out of range, which
+    rlk.logp answers with NaN; only with input checks on, which refuse it, does core's
+    drawn_logp mask it (five more torch ops)."""
+    if rlk.check_inputs():
+        return drawn_logp(logits, tokens, temperature)
+    with rlk.use_backends(strict=False):
+        return rlk.logp(logits, tokens, temperature=temperature)
 
 
 def _shortlists(logits: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashInfer's radix top-k of every row, unsorted (the kernel orders ties itself), in
-    launches of at most BLOCK_ELEMENTS logits; empty tensors when `size` is 0."""
+    launches of at most BLOCK_ELEMENTS logits."""
     batch, vocab = logits.shape
     per_block = max(1, BLOCK_ELEMENTS // vocab)
-    if size > 0 and batch <= per_block:  # one launch: its outputs as they are
-        shortlists: tuple[torch.Tensor, torch.Tensor] = library.load_topk().top_k(
-            logits, size, sorted=False, deterministic=True)
+    top_k = library.load_topk().top_k
+    if batch <= per_block:  # one launch: its outputs as they are
+        shortlists: tuple[torch.Tensor, torch.Tensor] = top_k(logits, size, sorted=False,
+                                                               deterministic=True)
         return shortlists
     values = torch.empty(batch, size, dtype=logits.dtype, device=logits.device)
     indices = torch.empty(batch, size, dtype=torch.int64, device=logits.device)
-    if size == 0:
-        return values, indices
-    top_k = library.load_topk().top_k
     for start in range(0, batch, per_block):
         part = slice(start, min(start + per_block, batch))
         values[part], indices[part] = top_k(logits[part], size, sorted=False,
                                             deterministic=True)
     return values, indices
-
-
-def _greedy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Temperature 0: the first largest logit, logp at T = 1, processed_logp 0."""
-    tokens = torch.full((logits.shape[0],), -1, dtype=torch.int64, device=logits.device)
-    if logits.shape[0] > 0:
-        # amax is NaN for a row holding NaN, +inf for one holding +inf, -inf for all -inf.
-        valid = torch.isfinite(logits.amax(dim=-1))
-        tokens = torch.where(valid, logits.argmax(dim=-1), tokens)
-    logp = drawn_logp(logits, tokens, 0.0)
-    return tokens, logp, torch.where(tokens >= 0, 0.0, math.nan).to(torch.float32)
 
 
 def check_arguments(logits: object, temperature: object, top_k: object, top_p: object,
@@ -110,6 +114,8 @@ def check_arguments(logits: object, temperature: object, top_k: object, top_p: o
         raise ValueError(
             f"seeds must have shape ({logits.shape[0]},), one per row, got {tuple(seeds.shape)}"
         )
+    if seeds.device != logits.device:
+        raise ValueError(f"seeds must be on the logits' device {logits.device}, got {seeds.device}")
 
 
 def _real(name: str, value: object) -> float:

@@ -2,8 +2,8 @@
 
 The first call compiles FlashInfer's top-k module with nvcc (no prebuilt module) and the
 backend's Triton kernels for the filters used; running this once per machine (or image
-build) moves that cost out of training. Triton compiles again per vocabulary size (its
-chunk count is a kernel constant), into its own cache (~/.triton/cache).
+build) moves that cost out of training. Triton compiles again per vocabulary size (a
+kernel constant), into its own cache (~/.triton/cache).
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ def warmup(device: str | torch.device = "cuda") -> float:
     began = time.perf_counter()
     peaked = torch.randn(2, 2048, device=target) * 3  # served from the shortlist (top-k)
     flat = torch.zeros(2, 2048, device=target)  # every filter keeps it all: full vocabulary
-    seeds = torch.tensor([1, 2], dtype=torch.int64)
+    seeds = torch.tensor([1, 2], dtype=torch.int64, device=target)
     for logits in (peaked, flat):
         sample(logits, 0.7, 16, 0.9, 0.05, seeds)
     sample(peaked, 0.7, 0, 1.0, 0.0, seeds)  # plain sampling
+    sample(peaked, 0.0, 0, 1.0, 0.0, seeds)  # greedy
     torch.cuda.synchronize(target)
     return time.perf_counter() - began
 

@@ -368,12 +368,15 @@ def test_a_floor_row_is_a_bound_never_a_finding() -> None:
     from rlk.bench.report import markdown_table
 
     rows = [_row("rlk:cuda", "rlk", 3.3, roofline_pct=90.0), _row("cublas", "floor", 3.0),
-            _row("rlk:cuda", "rlk", 2.0, case="N=16 V=32")]
+            _row("rlk:cuda", "rlk", 2.0, case="N=16 V=32"),
+            _row("rlk:bad", "rlk", 6.0, status="failure")]
     findings.flag(rows)
-    same, floor, other = rows
+    same, floor, other, failed = rows
     assert same.findings == [] and same.floor_ratio == pytest.approx(1.1)
     assert other.floor_ratio is None and floor.floor_ratio is None
-    assert "1.100x the cublas floor" in markdown_table(rows)
+    assert failed.floor_ratio == pytest.approx(2.0) and failed.findings == []
+    table = markdown_table(rows)
+    assert "1.100x the cublas floor" in table and "2.000x the cublas floor" in table
 
 
 def test_the_gemm_floor_runs_the_ops_gemms_and_is_not_checked(tmp_path: Path) -> None:

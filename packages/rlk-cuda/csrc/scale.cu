@@ -9,7 +9,8 @@
 //   whatever the row holds (a masked row's hidden state may be NaN): the per-row gradient
 //   factors applied to a block's hidden rows and to its grad_hidden GEMM output, one pass where
 //   torch's broadcast multiply, where() and cast took four strided ones.
-// Products below float32's normal range flush to zero (the library's -ftz).
+// Products keep float32's subnormals (the library builds with -ftz): a gradient that small
+// is still what float64 rounds to.
 #include "common.cuh"
 #include "rlk_api.h"
 
@@ -17,6 +18,19 @@ namespace rlk {
 namespace {
 
 constexpr int kThreads = 256;
+
+// a * b rounded to nearest, subnormal results kept (mul.rn.f32 without .ftz on CUDA; HIP
+// builds do not flush).
+__device__ __forceinline__ float mul_keep_subnormals(float a, float b) {
+#if RLK_HIP
+  return a * b;
+#else
+  float r;
+  asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#endif
+}
+
 constexpr int64_t kMaxBlocks = 2048;  // a grid-stride loop: enough blocks to fill any GPU
 
 template <typename T>
@@ -32,11 +46,11 @@ __global__ void __launch_bounds__(kThreads) scale_kernel(T* data, int64_t n, con
     float x[W];
     unpack<T>(vectors[i], x);
 #pragma unroll
-    for (int k = 0; k < W; ++k) x[k] *= f;
+    for (int k = 0; k < W; ++k) x[k] = mul_keep_subnormals(x[k], f);
     vectors[i] = pack<T>(x);
   }
   for (int64_t i = whole * W + first; i < n; i += stride)
-    data[i] = from_float<T>(to_float(data[i]) * f);
+    data[i] = from_float<T>(mul_keep_subnormals(to_float(data[i]), f));
 }
 
 template <typename T>
@@ -88,13 +102,13 @@ __global__ void __launch_bounds__(kThreads) scale_rows_kernel(ScaleRowsArgs a) {
       } else {
         load8<I>(in + j, v);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] *= f;
+        for (int k = 0; k < 8; ++k) v[k] = mul_keep_subnormals(v[k], f);
       }
       store8<O>(out + j, v);
     }
   } else {
     for (int64_t j = threadIdx.x; j < a.cols; j += kThreads)
-      out[j] = from_float<O>(f == 0.f ? 0.f : to_float(in[j]) * f);
+      out[j] = from_float<O>(f == 0.f ? 0.f : mul_keep_subnormals(to_float(in[j]), f));
   }
 }
 

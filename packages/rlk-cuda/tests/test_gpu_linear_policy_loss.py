@@ -108,7 +108,7 @@ def test_paths_against_float64(monkeypatch: pytest.MonkeyPatch, dtype: torch.dty
 def test_one_read_edges_against_float64(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype,
                                         temperature: float | str) -> None:
     """Ignored tokens and masked positions with NaN hidden states, a bias, improbable tokens,
-    several blocks of 256-row logits chunks (the relative_probs path)."""
+    several blocks of logits chunks (the relative_probs path)."""
     monkeypatch.setenv("RLK_CUDA_CHUNK_MB", "4")
     batch, length, width, vocab = 6, 200, 64, 3001
     data = _data(batch, length, width, vocab, dtype, seed=7)
@@ -222,6 +222,7 @@ def test_scale_grads_equals_torch_mul(dtype: torch.dtype, factor: float) -> None
     sizes = (1, 7, 1000003, 3 * 2048 * 256 * 8 + 5)
     grads = [torch.randn(n, generator=gen, device="cuda").to(dtype) for n in sizes]
     grads[2][17], grads[2][-1] = float("nan"), float("inf")
+    grads[2][5] = 2e-38  # times 0.37: a float32 subnormal, kept as torch keeps it
     upstream = torch.tensor(factor, device="cuda")
     expected = [(g.float() * upstream).to(dtype) for g in grads]  # one rounding, factor exact
     before = [g.clone() for g in grads]
@@ -285,6 +286,7 @@ def test_scale_rows_against_float32(src_dtype: torch.dtype, out_dtype: torch.dty
     src[7] = float("nan")  # a masked row's hidden state: its factor is 0, its output 0
     factor = torch.randn(rows, generator=gen, device="cuda") * 1e-3
     factor[7] = factor[20] = 0.0
+    src[3], factor[3] = 1e-10, 1e-30  # products below float32's normal range are kept
     out = torch.full((rows, cols), float("nan"), device="cuda", dtype=out_dtype)
     scale_rows(src, factor, out)
     want = torch.where(factor[:, None] != 0, src.float() * factor[:, None], 0.0).to(out_dtype)

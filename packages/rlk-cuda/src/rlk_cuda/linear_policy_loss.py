@@ -38,7 +38,7 @@ from .linear import chunk_bytes, padded, rows_view, soft_cap
 
 Temperature = float | Tensor
 _ROW_MULTIPLE = 128  # rows per chunk inside sequences: whole GEMM tiles
-_LOGITS_ROWS = 256  # rows per float32 logits GEMM on the one-read path
+_LOGITS_ROWS = 512  # rows per float32 logits GEMM on the one-read path (256: 2% slower)
 
 
 @dataclass

@@ -35,10 +35,12 @@ def flag(rows: Iterable[Row]) -> None:
             floors[_key(row)] = row.time_ms
     for row in rows:
         row.findings, row.floor_ratio = [], None
-        if row.kind != "rlk" or row.status != PASS or row.time_ms is None:
+        if row.kind != "rlk" or row.time_ms is None:
             continue
-        if _key(row) in floors:
+        if _key(row) in floors:  # a row that failed its check was still timed
             row.floor_ratio = row.time_ms / floors[_key(row)]
+        if row.status != PASS:
+            continue
         if row.roofline_pct is not None and row.roofline_pct < ROOFLINE_FLOOR_PCT:
             row.findings.append(f"{row.roofline_pct:.0f}% of its {row.bound} roofline "
                                 f"(below {ROOFLINE_FLOOR_PCT:.0f}%)")

@@ -97,8 +97,9 @@ def markdown_table(rows: list[Row]) -> str:
     for r in rows:
         pct = "-" if r.roofline_pct is None else f"{r.roofline_pct:.0f}% ({r.bound})"
         floor = [] if r.floor_ratio is None else [f"{r.floor_ratio:.3f}x the cublas floor"]
-        note = r.reason if r.status != "pass" else "; ".join(
-            [*(f"finding: {f}" for f in r.findings), *floor, *([r.note] if r.note else [])])
+        note = "; ".join([r.reason, *floor] if r.status != "pass" else
+                         [*(f"finding: {f}" for f in r.findings), *floor,
+                          *([r.note] if r.note else [])])
         lines.append(f"| {r.workload} | {r.mode} | {r.case} | {r.dtype} | {r.impl} | {r.status} "
                      f"| {_num(r.time_ms)} | {_memory(r)} | {pct} | {_error(r)} "
                      f"| {note.replace('|', '/')} |")

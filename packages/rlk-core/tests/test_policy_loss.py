@@ -547,7 +547,7 @@ def test_a_forward_with_grad_serves_the_eager_backward(use_plugins, dtype):
     assert first.dtype == dtype and torch.equal(first, want) and torch.equal(second, want)
     (grad,) = torch.autograd.grad(loss, leaf, torch.ones((), requires_grad=True),
                                   create_graph=True)
-    with pytest.raises(RuntimeError, match="marked with @once_differentiable"):
+    with pytest.raises(RuntimeError, match=r"rlk\.policy_loss has no double backward"):
         grad.sum().backward()
 
 
@@ -649,5 +649,5 @@ def test_double_backward_is_refused_clearly():
     loss, _ = rlk.policy_loss(leaf, old, advantages, mask)
     upstream = torch.ones((), requires_grad=True)
     (grad,) = torch.autograd.grad(loss, leaf, grad_outputs=upstream, create_graph=True)
-    with pytest.raises(RuntimeError, match="marked with @once_differentiable"):
+    with pytest.raises(RuntimeError, match=r"rlk\.policy_loss has no double backward"):
         grad.sum().backward()

@@ -12,8 +12,8 @@ from rlk import reference
 from rlk.ops import logits_args, validate
 from rlk.ops import logp as logp_op
 from rlk.ops import temperature as temperatures
-from rlk.ops.contract import Out
-from rlk.ops.spec import NativeKernel, OpSpec, Sample, register_autograd
+from rlk.ops.contract import BoundKernel, Out
+from rlk.ops.spec import EagerPath, NativeKernel, OpSpec, Sample, _traced, register_autograd
 from rlk.ops.temperature import Temperature
 
 # ---------------------------------------------------------------------------
@@ -69,7 +69,11 @@ def _entropy_op(logits: Tensor, temperature: Tensor | None, temperature_value: f
 @torch.library.custom_op("rlk::entropy_out", mutates_args=("out",))
 def _entropy_out_op(logits: Tensor, temperature: Tensor | None, temperature_value: float,
                     mask: Tensor | None, rows: Tensor | None, out: Tensor) -> None:
-    args = _kernel_args(logits, temperature, temperature_value, mask, rows, out)
+    _write_out(_kernel_args(logits, temperature, temperature_value, mask, rows, out), out)
+
+
+def _write_out(args: dict[str, Any], out: Tensor) -> None:
+    """Run the forward with `out` as the kernel's buffer; copy what it wrote elsewhere."""
     entropy, _ = ENTROPY.kernel(args).forward(**args)
     if entropy.data_ptr() != out.data_ptr():
         out.copy_(entropy)
@@ -80,8 +84,23 @@ def _entropy_backward_op(grad_entropy: Tensor, logits: Tensor, temperature: Tens
                          temperature_value: float, mask: Tensor | None, rows: Tensor | None,
                          lse: Tensor, entropy: Tensor) -> Tensor:
     args = _kernel_args(logits, temperature, temperature_value, mask, rows, None)
-    return ENTROPY.kernel(args).backward(grad_entropy.contiguous(), logits,
-                                         args["temperature"], mask, rows, lse, entropy, False)
+    kernel = ENTROPY.kernel(args)
+    args["lse"], args["entropy"] = lse, entropy
+    return _eager_backward(kernel, args, (grad_entropy,))[0]
+
+
+def _eager_backward(kernel: BoundKernel, args: Mapping[str, Any],
+                    grads: tuple[Tensor | None, ...]) -> tuple[Tensor]:
+    """The kernel's backward for kernel arguments holding the forward's lse and entropy."""
+    entropy = args["entropy"]
+    grad = grads[0] if grads[0] is not None else torch.zeros_like(entropy)
+    return (kernel.backward(grad.contiguous(), args["logits"], args["temperature"], args["mask"],
+                            args["rows"], args["lse"], entropy, False),)
+
+
+def _op_arguments(args: Mapping[str, Any]) -> tuple[Any, ...]:
+    temp, value = temperatures.split(args["temperature"])
+    return (args["logits"], temp, value, args["mask"], args["rows"])
 
 
 def _output_meta(logits: Tensor, temperature: Temperature, mask: Tensor | None,
@@ -151,8 +170,6 @@ def entropy(
     for float64 logits). See docs/ops/entropy.md.
     """
     args, shape = _prepare(logits, temperature, mask, rows)
-    temp, value = temperatures.split(args["temperature"])
-    call = (args["logits"], temp, value, args["mask"], args["rows"])
     if out is not None:
         logits_args.output_dtype(dtype, logits, out)
         kernel_shape = (shape[0] if rows is not None else args["logits"].shape[0],)
@@ -164,9 +181,12 @@ def entropy(
         if buffer is None:
             buffer = args["logits"].new_empty(kernel_shape,
                                               dtype=logits_args.compute_dtype(logits))
-        _entropy_out_op(*call, buffer)
+        if _traced(args):
+            _entropy_out_op(*_op_arguments(args), buffer)
+        else:
+            _write_out(dict(args, out=buffer), buffer)
         return target.fill(buffer)
-    result, _ = _entropy_op(*call)
+    result = ENTROPY.call(args)[0]
     return result.view(shape).to(logits_args.output_dtype(dtype, logits, None))
 
 
@@ -275,6 +295,9 @@ ENTROPY = OpSpec(
     grad_check=_grad_check,
     grad_tolerances=logp_op.GRAD_TOLERANCES,
     batch_slice=_batch_slice,
+    eager=EagerPath(torch_op=_entropy_op, op_arguments=_op_arguments, grad_inputs=("logits",),
+                    backward=_eager_backward, detached_outputs=(1,),
+                    saved_outputs=((0, "entropy"), (1, "lse"))),
     doc="entropy of softmax(logits / T) per row",
     native=NativeKernel("rlk.native.logp:entropy_forward", "rlk.native.logp:entropy_backward"),
     output_meta=_output_meta,

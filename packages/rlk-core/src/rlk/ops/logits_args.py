@@ -36,7 +36,8 @@ def logits_rows(logits: Tensor) -> tuple[Tensor, tuple[int, ...]]:
     if vocab < 1 and math.prod(lead) > 0:
         raise ValueError(f"logits must have V >= 1 columns when it has rows; "
                          f"got shape {tuple(logits.shape)}")
-    return logits.reshape(math.prod(lead), vocab), lead
+    flat = logits if len(lead) == 1 else logits.reshape(math.prod(lead), vocab)
+    return flat, lead
 
 
 def rows_arg(rows: Tensor | None, logits: Tensor) -> Tensor | None:

@@ -13,8 +13,16 @@ from torch import Tensor
 from rlk import reference
 from rlk.ops import logits_args, validate
 from rlk.ops import temperature as temperatures
-from rlk.ops.contract import Out
-from rlk.ops.spec import NativeKernel, OpSpec, Sample, Tolerance, register_autograd
+from rlk.ops.contract import BoundKernel, Out
+from rlk.ops.spec import (
+    EagerPath,
+    NativeKernel,
+    OpSpec,
+    Sample,
+    Tolerance,
+    _traced,
+    register_autograd,
+)
 from rlk.ops.temperature import Temperature
 
 # ---------------------------------------------------------------------------
@@ -47,7 +55,9 @@ def _prepare(logits: Tensor, tokens: Tensor, temperature: object, ignore_index: 
     num_rows = flat_logits.shape[0]
     # K = 1 gathers as one token per row, which every backend serves
     columns = () if per_row in (None, 1) else (per_row,)
-    flat_tokens = tokens.to(torch.int64).reshape(num_rows, *columns)
+    flat_tokens = tokens if tokens.dtype == torch.int64 else tokens.to(torch.int64)
+    if flat_tokens.shape != (num_rows, *columns):
+        flat_tokens = flat_tokens.reshape(num_rows, *columns)
     if keep is not None:
         flat_tokens = flat_tokens.masked_fill(~keep.reshape(flat_tokens.shape), ignore)
     temp = temperatures.prepare(temperature, lead, logits, "logits")
@@ -123,6 +133,15 @@ def _forward(args: dict[str, Any]) -> tuple[Tensor, Tensor | None, Tensor]:
     return spec.kernel(args).forward(**args)
 
 
+def _write_out(args: dict[str, Any], out: Tensor, entropy_out: Tensor | None) -> None:
+    """Run the forward with `out` as the kernel's buffer; copy what it wrote elsewhere."""
+    logp, entropy, _ = _forward(args)
+    if logp.data_ptr() != out.data_ptr():
+        out.copy_(logp)
+    if entropy_out is not None and entropy is not None:
+        entropy_out.copy_(entropy)
+
+
 # ---------------------------------------------------------------------------
 # torch operators: what torch.compile and autograd see
 
@@ -154,11 +173,7 @@ def _logp_out_op(logits: Tensor, tokens: Tensor, temperature: Tensor | None,
                  out: Tensor, entropy_out: Tensor | None) -> None:
     args = _kernel_args(logits, tokens, temperature, temperature_value, ignore_index, rows,
                         out, entropy_out is not None)
-    logp, entropy, _ = _forward(args)
-    if logp.data_ptr() != out.data_ptr():
-        out.copy_(logp)
-    if entropy_out is not None and entropy is not None:
-        entropy_out.copy_(entropy)
+    _write_out(args, out, entropy_out)
 
 
 @torch.library.custom_op("rlk::logp_backward", mutates_args=())
@@ -166,15 +181,50 @@ def _logp_backward_op(grad_logp: Tensor, grad_entropy: Tensor | None, logits: Te
                       tokens: Tensor, temperature: Tensor | None, temperature_value: float,
                       ignore_index: int, rows: Tensor | None, lse: Tensor,
                       entropy: Tensor | None) -> Tensor:
-    with_entropy = entropy is not None
     args = _kernel_args(logits, tokens, temperature, temperature_value, ignore_index, rows,
-                        None, with_entropy)
-    kernel = _spec_for(with_entropy).kernel(args)
+                        None, entropy is not None)
+    kernel = _spec_for(entropy is not None).kernel(args)
+    args["lse"], args["entropy"] = lse, entropy
+    return _backward(kernel, args, grad_logp, grad_entropy)
+
+
+def _backward(kernel: BoundKernel, args: Mapping[str, Any], grad_logp: Tensor,
+              grad_entropy: Tensor | None) -> Tensor:
+    """The kernel's backward for kernel arguments holding the forward's lse and entropy."""
     return kernel.backward(
-        grad_logp.contiguous(),
-        None if grad_entropy is None else grad_entropy.contiguous(),
-        logits, tokens, args["temperature"], ignore_index, rows, lse, entropy, False,
+        grad_logp.contiguous(), None if grad_entropy is None else grad_entropy.contiguous(),
+        args["logits"], args["tokens"], args["temperature"], args["ignore_index"], args["rows"],
+        args["lse"], args["entropy"], False,
     )
+
+
+def _eager_backward(kernel: BoundKernel, args: Mapping[str, Any],
+                    grads: tuple[Tensor | None, ...]) -> tuple[Tensor]:
+    """The eager path's backward: an output without a gradient counts as zeros, as the torch
+    operator's autograd materialises them."""
+    grad_logp, grad_entropy = grads[0], grads[1]
+    if grad_logp is None or (grad_entropy is None and args["entropy"] is not None):
+        logits = args["logits"]
+        zeros = torch.zeros(_kernel_shape(args), dtype=logits_args.compute_dtype(logits),
+                            device=logits.device)
+        grad_logp = zeros if grad_logp is None else grad_logp
+        grad_entropy = zeros if grad_entropy is None and args["entropy"] is not None \
+            else grad_entropy
+    return (_backward(kernel, args, grad_logp, grad_entropy),)
+
+
+def _op_arguments(args: Mapping[str, Any]) -> tuple[Any, ...]:
+    temp, value = temperatures.split(args["temperature"])
+    return (args["logits"], args["tokens"], temp, value, args["ignore_index"], args["rows"])
+
+
+def _out_call(args: dict[str, Any], out: Tensor, entropy_out: Tensor | None) -> None:
+    """The `out=` forward (never differentiable): the kernel itself when nothing traces the
+    call (see EagerPath), else the rlk::logp_out operator."""
+    if _traced(args):
+        _logp_out_op(*_op_arguments(args), out, entropy_out)
+    else:
+        _write_out(dict(args, out=out), out, entropy_out)
 
 
 def _output_meta(logits: Tensor, tokens: Tensor, temperature: Temperature, ignore_index: int,
@@ -281,8 +331,6 @@ def logp(
     """
     args, shape = _prepare(logits, tokens, temperature, ignore_index, mask, rows, False)
     wanted = logits_args.output_dtype(dtype, logits, out)
-    temp, value = temperatures.split(args["temperature"])
-    call = (args["logits"], args["tokens"], temp, value, args["ignore_index"], args["rows"])
     if out is not None:
         target = logits_args.out_arg("out", out, shape, _kernel_shape(args), logits,
                                      _inputs(logits, tokens, temperature, mask, rows))
@@ -290,9 +338,9 @@ def logp(
         if buffer is None:
             buffer = args["logits"].new_empty(_kernel_shape(args),
                                               dtype=logits_args.compute_dtype(logits))
-        _logp_out_op(*call, buffer, None)
+        _out_call(args, buffer, None)
         return target.fill(buffer)
-    result, _ = _logp_op(*call)
+    result = LOGP.call(args)[0]
     return result.view(shape).to(wanted)
 
 
@@ -313,8 +361,6 @@ def logp_entropy(
     and entropy 0. `out`, if given, is a pair of tensors receiving (logp, entropy).
     """
     args, shape = _prepare(logits, tokens, temperature, ignore_index, mask, rows, True)
-    temp, value = temperatures.split(args["temperature"])
-    call = (args["logits"], args["tokens"], temp, value, args["ignore_index"], args["rows"])
     if out is not None:
         if not isinstance(out, tuple) or len(out) != 2:
             raise TypeError("out must be a (logp_out, entropy_out) pair of tensors")
@@ -331,10 +377,10 @@ def logp_entropy(
         buffers = [target.direct if target.direct is not None
                    else args["logits"].new_empty(kernel_shape, dtype=compute)
                    for target in (first, second)]
-        _logp_out_op(*call, buffers[0], buffers[1])
+        _out_call(args, buffers[0], buffers[1])
         return first.fill(buffers[0]), second.fill(buffers[1])
     wanted = logits_args.output_dtype(dtype, logits, None)
-    result, entropy, _ = _logp_entropy_op(*call)
+    result, entropy, _ = LOGP_ENTROPY.call(args)
     return result.view(shape).to(wanted), entropy.view(shape).to(wanted)
 
 
@@ -612,6 +658,10 @@ def _spec(name: str, with_entropy: bool, doc: str) -> OpSpec:
         grad_check=_grad_check,
         grad_tolerances=GRAD_TOLERANCES,
         batch_slice=_batch_slice,
+        eager=EagerPath(torch_op=_logp_entropy_op if with_entropy else _logp_op,
+                        op_arguments=_op_arguments, grad_inputs=("logits",),
+                        backward=_eager_backward, detached_outputs=(2,),
+                        saved_outputs=((1, "entropy"), (2, "lse"))),
         doc=doc,
         native=NativeKernel("rlk.native.logp:forward", "rlk.native.logp:backward"),
         output_meta=_output_meta,

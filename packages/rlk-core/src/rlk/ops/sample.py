@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
@@ -10,10 +11,11 @@ import torch
 from torch import Tensor
 
 from rlk import reference
+from rlk.dispatch import ScopedPolicy, current_policy, get_dispatcher
 from rlk.ops import temperature as temperatures
 from rlk.ops import validate
 from rlk.ops.contract import Out
-from rlk.ops.spec import NativeKernel, OpSpec, Sample, Tolerance
+from rlk.ops.spec import EagerPath, NativeKernel, OpSpec, Sample, Tolerance
 
 _U64 = (1 << 64) - 1
 
@@ -103,15 +105,28 @@ def drawn_logp(logits: Tensor, tokens: Tensor, temperature: float) -> Tensor:
     token was drawn (-1), so it equals what the caller's rlk.logp returns bit for bit. It
     runs outside any strict scope the caller opened for `sample`, which the nested op's
     backends need not satisfy.
-    """
-    from rlk.dispatch import use_backends
-    from rlk.ops.logp import logp
 
+    logits `[B, V]` and tokens int64 `[B]` come from a sample kernel, already checked: the
+    logp op runs on them without rlk.logp's argument checks (its kernel arguments are
+    what rlk.logp would build from them).
+    """
+    from rlk.ops.logp import LOGP
+
+    if tokens.dtype != torch.int64 or tokens.shape != logits.shape[:1] or logits.dim() != 2:
+        raise ValueError(f"drawn_logp takes logits [B, V] and int64 tokens [B]; got logits "
+                         f"{tuple(logits.shape)} and {tokens.dtype} tokens "
+                         f"{tuple(tokens.shape)}")
     drawn = tokens >= 0
-    with use_backends(strict=False):
-        values = logp(logits, torch.where(drawn, tokens, 0),
-                      temperature=temperature if temperature > 0.0 else 1.0)
-    return values.masked_fill(~drawn, math.nan)
+    args = {"logits": logits, "tokens": tokens.clamp(min=0),
+            "temperature": temperature if temperature > 0.0 else 1.0, "ignore_index": -100,
+            "rows": None, "out": None, "with_entropy": False}
+    policy = current_policy(get_dispatcher())
+    if policy.strict:
+        with ScopedPolicy(dataclasses.replace(policy, strict=False)):
+            values = LOGP.call(args)[0]
+    else:
+        values = LOGP.call(args)[0]
+    return torch.where(drawn, values, math.nan)
 
 
 def sample(
@@ -134,7 +149,7 @@ def sample(
     """
     args, lead = _prepare(logits, temperature, top_k, top_p, min_p, seed)
     args["logits"] = args["logits"].detach()  # sampling is not differentiable: use rlk.logp
-    tokens, logp, processed = _sample_op(**args)
+    tokens, logp, processed = SAMPLE.call(args)
     return Sampled(tokens.view(lead), logp.view(lead), processed.view(lead))
 
 
@@ -254,6 +269,9 @@ SAMPLE = OpSpec(
     dtypes=validate.FLOATS,
     opcheck_case=_opcheck_case,
     batch_slice=_batch_slice,
+    eager=EagerPath(torch_op=_sample_op,
+                    op_arguments=lambda args: (args["logits"], *_options(args).values(),
+                                               args["seeds"])),
     doc="one token per row: temperature, top-k, top-p, min-p, per-row seeds",
     native=NativeKernel("rlk.native.sample:sample", uses=("logp",)),
     output_meta=_output_meta,

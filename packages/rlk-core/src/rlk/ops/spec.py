@@ -8,7 +8,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from rlk.dispatch import (
@@ -72,6 +71,8 @@ class EagerPath:
       returns their gradients; `backward`: (kernel, kernel arguments, output gradients)
       -> those gradients.
     - `detached_outputs`: positions of outputs that carry no gradient (metrics).
+    - `saved_outputs`: (position, name) of outputs the backward reads (logp's lse): saved
+      beside the input tensors and handed to `backward` among its arguments under `name`.
     - `forward_with_grads`: (kernel, detached kernel arguments) -> (outputs, state) when the
       kernel can compute the input gradients in its forward (one call instead of two), else
       None; `backward_from`: (state, output gradients) -> the input gradients. Nothing is
@@ -85,6 +86,7 @@ class EagerPath:
     backward: Callable[[BoundKernel, Mapping[str, Any], tuple[Tensor | None, ...]],
                        tuple[Tensor | None, ...]] | None = None
     detached_outputs: tuple[int, ...] = ()
+    saved_outputs: tuple[tuple[int, str], ...] = ()
     forward_with_grads: Callable[[BoundKernel, KernelArgs], tuple[Any, Any] | None] | None = None
     backward_from: Callable[[Any, tuple[Tensor | None, ...]],
                             tuple[Tensor | None, ...]] | None = None
@@ -258,9 +260,12 @@ class _KernelFunction(torch.autograd.Function):
                 if isinstance(value, Tensor):
                     names.append(name)
                     tensors.append(value)
-            ctx.save_for_backward(*tensors)
             for name in names:
                 args[name] = None  # the tensors live in saved_tensors only
+            for index, name in eager.saved_outputs:
+                names.append(name)
+                tensors.append(outputs[index])
+            ctx.save_for_backward(*tensors)
             call.names, call.args = tuple(names), args
         ctx.call = call
         for index in eager.detached_outputs:
@@ -270,8 +275,8 @@ class _KernelFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor | None) -> Any:
-        if torch.is_grad_enabled():  # create_graph=True: kernels have no double backward
-            return _backward_once(ctx, *grads)
+        if torch.is_grad_enabled():  # create_graph=True
+            return _backward_refusing_double(ctx, *grads)
         return _backward(ctx, *grads)
 
 
@@ -289,9 +294,23 @@ def _backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
         return (None, *eager.backward(call.kernel, args, grads))
 
 
-# Under create_graph=True, once_differentiable says "no double backward" when one is asked
-# for instead of returning zeros; elsewhere its wrapping costs host time for nothing.
-_backward_once = once_differentiable(_backward)
+def _backward_refusing_double(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
+    """The backward under create_graph=True: kernels have no double backward, so the
+    gradients come back attached to a node that raises when they are differentiated.
+
+    Always, unlike once_differentiable, which does so only when an upstream gradient
+    requires grad: the gradients depend on the saved inputs, so a gradient taken as a
+    constant would make second-order terms silently wrong.
+    """
+    with torch.no_grad():
+        outputs = _backward(ctx, *grads)
+    op = ctx.call.kernel.kernel.op
+    refuse: Any = torch._C._functions.DelayedError(
+        f"rlk.{op} has no double backward: its kernels' gradient is not differentiable "
+        "(create_graph=True gives a gradient that cannot be differentiated again)".encode(),
+        len(outputs))
+    return refuse(*(None if grad is None else grad.detach().requires_grad_(True)
+                    for grad in outputs))
 # Function.apply's Python layer unwraps functorch wrappers and binds defaults; a call that
 # reaches the eager path has neither (functorch transforms take the torch operator).
 _apply = super(torch.autograd.Function, _KernelFunction).apply

@@ -55,9 +55,9 @@ def scalar(name: str, value: object, *, allow_zero: bool = False) -> float:
 
 def prepare(temperature: object, lead: tuple[int, ...], anchor: Tensor,
             anchor_name: str) -> Temperature:
-    """A validated float, or a [rows] tensor (float32; float64 for a float64 anchor): one
-    value per row of the leading shape `lead`, or a 0-d tensor broadcast to every row.
-    Out-of-range values become NaN."""
+    """A validated float, or a detached [rows] tensor (float32; float64 for a float64
+    anchor): one value per row of the leading shape `lead`, or a 0-d tensor broadcast to
+    every row. Out-of-range values become NaN."""
     if not isinstance(temperature, Tensor):
         return scalar("temperature", temperature)
     validate.tensor("temperature", temperature, (*validate.FLOATS, torch.float64))
@@ -65,7 +65,9 @@ def prepare(temperature: object, lead: tuple[int, ...], anchor: Tensor,
         validate.shape("temperature", temperature, lead,
                        f" (one per row of {anchor_name}, or a 0-d tensor)")
     validate.same_device("temperature", temperature, anchor, anchor_name)
-    values = temperature.to(torch.float64 if anchor.dtype == torch.float64 else torch.float32)
+    # detached: no op differentiates w.r.t. the temperature
+    values = temperature.detach().to(torch.float64 if anchor.dtype == torch.float64
+                                     else torch.float32)
     in_range = (values >= MIN_TEMPERATURE) & (values < math.inf)
     if validate.value_checks(values):
         _raise_out_of_range(values, in_range)

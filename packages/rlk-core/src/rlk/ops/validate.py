@@ -46,6 +46,8 @@ def same_device(name: str, value: torch.Tensor, reference: torch.Tensor, ref_nam
 
 def real(name: str, value: object) -> float:
     """A Python or NumPy real number as a float (bools and tensors are refused)."""
+    if type(value) is float:  # the common case, without the ABC check's host time
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a float, got {type(value).__name__}")
     return float(value)
@@ -61,6 +63,8 @@ def positive_scalar(name: str, value: object, *, allow_zero: bool = False) -> fl
 
 def integer(name: str, value: object) -> int:
     """A Python or NumPy integer that fits in int64 (what torch operators take)."""
+    if type(value) is int and _INT64[0] <= value < _INT64[1]:  # the common case, quickly
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     number = int(value)

@@ -76,7 +76,7 @@ struct RelProbArgs {
   float temperature;
   const float* temp_rows; // [N] or nullptr
   int64_t ignore_index;
-  int nseg;               // relative_probs_segments(V)
+  int nseg;               // blocks per row, 1 to 64: relative_probs_segments(V) by default
   float* partial;         // [N, nseg, 3] scratch
   float* logp;            // [N]
   float* entropy;         // [N]

@@ -298,3 +298,29 @@ def test_scale_rows_against_float32(src_dtype: torch.dtype, out_dtype: torch.dty
     want = torch.where(factor[:, None] != 0, wide[:, 1:].float() * factor[:, None], 0.0)
     torch.testing.assert_close(into[:, 3:], want.to(out_dtype), atol=0, rtol=0)
     assert into[:, :3].isnan().all()  # nothing written outside the rows
+
+
+def test_relative_probs_segments_change_the_schedule_not_the_result(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlk_cuda import _ext
+
+    ext = _ext.load()
+    data = _data(2, 100, 64, 20000, torch.bfloat16, seed=11)
+    args = (data["tokens"], data["old_logp"], data["advantages"], data["mask"])
+
+    def run() -> list[torch.Tensor]:
+        leaves = [data["hidden"].clone().requires_grad_(True),
+                  data["weight"].clone().requires_grad_(True)]
+        with rlk.use_backends("cuda", strict=True):
+            loss, metrics = rlk.linear_policy_loss(*leaves, *args)
+        loss.backward()
+        return [loss.detach(), metrics["logp"], leaves[0].grad, leaves[1].grad]
+
+    default = run()
+    for nseg in (1, 7, 64):  # the row's blocks merge in another order: float32 sums differ
+        monkeypatch.setattr(ext, "relative_probs_segments", lambda V, n=nseg: n)
+        for got, want in zip(run(), default, strict=True):
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    monkeypatch.setattr(ext, "relative_probs_segments", lambda V: 65)
+    with pytest.raises(RuntimeError, match="nseg must be within"):
+        run()

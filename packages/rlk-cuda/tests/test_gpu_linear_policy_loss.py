@@ -319,8 +319,12 @@ def test_relative_probs_segments_change_the_schedule_not_the_result(
     default = run()
     for nseg in (1, 7, 64):  # the row's blocks merge in another order: float32 sums differ
         monkeypatch.setattr(ext, "relative_probs_segments", lambda V, n=nseg: n)
-        for got, want in zip(run(), default, strict=True):
-            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+        loss, logp, grad_hidden, grad_weight = run()
+        torch.testing.assert_close(loss, default[0], atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(logp, default[1], atol=2e-6, rtol=0)
+        # bfloat16 gradients: a factor a few float32 ulps away may flip one rounding
+        for got, want in ((grad_hidden, default[2]), (grad_weight, default[3])):
+            torch.testing.assert_close(got.float(), want.float(), atol=1e-7, rtol=8e-3)
     monkeypatch.setattr(ext, "relative_probs_segments", lambda V: 65)
     with pytest.raises(RuntimeError, match="nseg must be within"):
         run()

@@ -13,7 +13,7 @@ from rlk.ops import logits_args, validate
 from rlk.ops import logp as logp_op
 from rlk.ops import temperature as temperatures
 from rlk.ops.contract import BoundKernel, Out
-from rlk.ops.spec import EagerPath, NativeKernel, OpSpec, Sample, _traced, register_autograd
+from rlk.ops.spec import EagerPath, NativeKernel, OpSpec, Sample, register_autograd, traced
 from rlk.ops.temperature import Temperature
 
 # ---------------------------------------------------------------------------
@@ -181,7 +181,7 @@ def entropy(
         if buffer is None:
             buffer = args["logits"].new_empty(kernel_shape,
                                               dtype=logits_args.compute_dtype(logits))
-        if _traced(args):
+        if traced(args):
             _entropy_out_op(*_op_arguments(args), buffer)
         else:
             _write_out(dict(args, out=buffer), buffer)

@@ -28,8 +28,8 @@ from rlk.ops.spec import (
     OpSpec,
     Sample,
     Tolerance,
-    _traced,
     register_autograd,
+    traced,
 )
 from rlk.ops.temperature import Temperature
 
@@ -290,7 +290,7 @@ def _scale(kernel: BoundKernel, grads: list[Tensor], grad_loss: Tensor) -> None:
 
 def _run(args: dict[str, Any]) -> tuple[Tensor, ...]:
     """(loss, metrics, logp): the eager path, or the torch operator under tracing."""
-    if _traced(args) or not any(args["needs_input_grad"]):
+    if traced(args) or not any(args["needs_input_grad"]):
         return tuple(torch.ops.rlk.linear_policy_loss.default(*_op_args(args))[:3])
     return _EagerLoss.apply(args, args["hidden"], args["weight"], args["bias"])
 

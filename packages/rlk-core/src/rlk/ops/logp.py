@@ -20,8 +20,8 @@ from rlk.ops.spec import (
     OpSpec,
     Sample,
     Tolerance,
-    _traced,
     register_autograd,
+    traced,
 )
 from rlk.ops.temperature import Temperature
 
@@ -221,7 +221,7 @@ def _op_arguments(args: Mapping[str, Any]) -> tuple[Any, ...]:
 def _out_call(args: dict[str, Any], out: Tensor, entropy_out: Tensor | None) -> None:
     """The `out=` forward (never differentiable): the kernel itself when nothing traces the
     call (see EagerPath), else the rlk::logp_out operator."""
-    if _traced(args):
+    if traced(args):
         _logp_out_op(*_op_arguments(args), out, entropy_out)
     else:
         _write_out(dict(args, out=out), out, entropy_out)

@@ -187,7 +187,7 @@ class OpSpec:
         (see EagerPath), else through its torch operator."""
         eager = self.eager
         assert eager is not None, f"op {self.name} declares no EagerPath"
-        if _traced(args):
+        if traced(args):
             return eager.torch_op(*eager.op_arguments(args))
         if eager.kernel_arguments is not None:
             args = eager.kernel_arguments(args)
@@ -205,7 +205,7 @@ _PLAIN_TENSORS = (Tensor, torch.nn.Parameter)
 _is_tracing = torch._C._get_tracing_state  # torch.jit.is_tracing without its Python layer
 
 
-def _traced(args: Mapping[str, Any]) -> bool:
+def traced(args: Mapping[str, Any]) -> bool:
     """Whether something records or transforms this call (compile, export, fake tensors,
     dispatch modes, vmap/grad transforms, jit tracing, tensor subclasses): then the torch
     operator must run so that it sees one op."""

@@ -56,17 +56,21 @@ class CudaChunkOps(loop.ChunkOps):
         self._weight_written = False  # the weight gradient's first GEMM overwrites (beta 0)
 
     def _logits_rows(self) -> int:
-        """Rows of one float32 logits GEMM: the whole block, or LOGITS_ROWS with one_read."""
-        return _LOGITS_ROWS if self.one_read else self.chunk_rows()
+        """Rows of one float32 logits GEMM: the whole block, or up to LOGITS_ROWS of it with
+        one_read."""
+        rows = self.chunk_rows()
+        return min(_LOGITS_ROWS, rows) if self.one_read else rows
 
     def chunk_rows(self) -> int:
         """Rows per block: the budget holds the float32 logits buffer and the block's
-        gradient rows in the GEMM input dtype."""
+        gradient rows in the GEMM input dtype (with one_read, a logits buffer of LOGITS_ROWS
+        rows when the budget has room for a block of at least that many)."""
         width = padded(self.vocab)
         budget, grad_bytes = chunk_bytes(), self.operand.element_size()
         if self.one_read:
             rows = (budget - _LOGITS_ROWS * width * 4) // (width * grad_bytes)
-            return max(_LOGITS_ROWS, rows // _LOGITS_ROWS * _LOGITS_ROWS)
+            if rows >= _LOGITS_ROWS:
+                return rows // _LOGITS_ROWS * _LOGITS_ROWS
         rows = budget // (width * (4 + grad_bytes))
         return max(1, rows // _ROW_MULTIPLE * _ROW_MULTIPLE or rows)
 
@@ -129,8 +133,9 @@ class CudaChunkOps(loop.ChunkOps):
             self._grads = self._buffer(self.chunk_rows(), self.operand.dtype)
         count, vocab = stop - start, self.weight.shape[0]
         block = _Block.empty(start, stop, tokens, temperature, self.hidden.device)
-        for first in range(0, count, _LOGITS_ROWS):
-            last = min(count, first + _LOGITS_ROWS)
+        step = self._logits_rows()
+        for first in range(0, count, step):
+            last = min(count, first + step)
             logits = self.logits(start + first, start + last, pad=False)
             out = rows_view(self._grads, count, vocab)[first:last]
             _relative_probs(logits, out, block, first, last, ignore_index)

@@ -240,3 +240,15 @@ def test_one_read_blocks_fit_the_chunk_budget(monkeypatch: pytest.MonkeyPatch, b
     assert (ops.chunk_rows(), ops._logits_rows()) == (block, logits_rows)
     width = linear.padded(vocab)
     assert (block + logits_rows) * width * 4 <= linear.chunk_bytes()
+
+
+def test_scale_rows_refuses_mismatched_shapes_before_any_launch() -> None:
+    from rlk_cuda.linear_policy_loss import scale_rows
+
+    src, factor = torch.zeros(4, 8), torch.zeros(4)
+    with pytest.raises(ValueError, match="one shape"):
+        scale_rows(src, factor, torch.zeros(4, 9))
+    with pytest.raises(ValueError, match="factor"):
+        scale_rows(src, torch.zeros(3), torch.zeros(4, 8))
+    with pytest.raises(ValueError, match="unit column stride"):
+        scale_rows(src, factor, torch.zeros(8, 4).t())

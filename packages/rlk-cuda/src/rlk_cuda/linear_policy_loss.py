@@ -184,9 +184,13 @@ def forward(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
 def scale_rows(src: Tensor, factor: Tensor, out: Tensor) -> Tensor:
     """out[r] = src[r] * factor[r] in out's dtype, zeros where factor[r] is 0 (one pass; the
     broadcast multiply, where() and cast it replaces took four). factor: float32 [rows]."""
-    src = rows_major(src)
+    if out.shape != src.shape or factor.shape != src.shape[:1]:
+        raise ValueError(f"scale_rows takes src and out of one shape [rows, cols] and factor "
+                         f"[rows]; got {tuple(src.shape)}, {tuple(out.shape)}, "
+                         f"{tuple(factor.shape)}")
     if out.shape[1] > 1 and out.stride(1) != 1:
         raise ValueError(f"scale_rows writes rows of unit column stride; got {out.stride()}")
+    src = rows_major(src)
     device = device_of("src", src)
     _ext.load().scale_rows(
         device=device, stream=stream(device), src=ptr(src), src_dtype=dtype_code("src", src),

@@ -267,11 +267,10 @@ class _EagerLoss(torch.autograd.Function):
                                "call the op again to differentiate again")
         if grad_loss is None:
             return (None,) * (len(grads) + 1)
-        wanted = [grad for grad, need in zip(grads, ctx.needs_input_grad[1:], strict=True)
-                  if need]
-        _scale(ctx.kernel, wanted, grad_loss)
-        return (None, *(grad if need else None
-                        for grad, need in zip(grads, ctx.needs_input_grad[1:], strict=True)))
+        wanted = [grad if need else None
+                  for grad, need in zip(grads, ctx.needs_input_grad[1:], strict=True)]
+        _scale(ctx.kernel, [grad for grad in wanted if grad is not None], grad_loss)
+        return (None, *wanted)
 
 
 def _scale(kernel: BoundKernel, grads: list[Tensor], grad_loss: Tensor) -> None:

@@ -37,7 +37,7 @@ def gemm_floor(logits_gemms: Callable[[Case], int]) -> Peer:
                 buffers["logits"] = hidden.new_empty(shape)
                 if backward:  # values of a logits gradient's size (they do not change the time)
                     buffers["grad"] = torch.randn(shape, device=hidden.device,
-                                                  dtype=hidden.dtype) * 1e-4
+                                                  dtype=hidden.dtype).mul_(1e-4)
             for _ in range(repeats):
                 torch.mm(hidden, weight.t(), out=buffers["logits"])
             if not backward:

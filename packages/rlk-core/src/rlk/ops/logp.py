@@ -203,13 +203,13 @@ def _eager_backward(kernel: BoundKernel, args: Mapping[str, Any],
     """The eager path's backward: an output without a gradient counts as zeros, as the torch
     operator's autograd materialises them."""
     grad_logp, grad_entropy = grads[0], grads[1]
-    if grad_logp is None or (grad_entropy is None and args["entropy"] is not None):
+    missing_entropy = grad_entropy is None and args["entropy"] is not None
+    if grad_logp is None or missing_entropy:
         logits = args["logits"]
         zeros = torch.zeros(_kernel_shape(args), dtype=logits_args.compute_dtype(logits),
                             device=logits.device)
         grad_logp = zeros if grad_logp is None else grad_logp
-        grad_entropy = zeros if grad_entropy is None and args["entropy"] is not None \
-            else grad_entropy
+        grad_entropy = zeros if missing_entropy else grad_entropy
     return (_backward(kernel, args, grad_logp, grad_entropy),)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Iterator, Mapping
@@ -121,10 +122,9 @@ def drawn_logp(logits: Tensor, tokens: Tensor, temperature: float) -> Tensor:
             "temperature": temperature if temperature > 0.0 else 1.0, "ignore_index": -100,
             "rows": None, "out": None, "with_entropy": False}
     policy = current_policy(get_dispatcher())
-    if policy.strict:
-        with ScopedPolicy(dataclasses.replace(policy, strict=False)):
-            values = LOGP.call(args)[0]
-    else:
+    scope = (ScopedPolicy(dataclasses.replace(policy, strict=False)) if policy.strict
+             else contextlib.nullcontext())
+    with scope:
         values = LOGP.call(args)[0]
     return torch.where(drawn, values, math.nan)
 

@@ -106,8 +106,8 @@ def _check_edge_rows(data: dict[str, torch.Tensor], lo: int, hi: int, group) -> 
 
 
 def _check_linear_policy_loss(data: dict[str, torch.Tensor], lo: int, hi: int, group) -> None:
-    """Every path (default chunks: whole sequences; 2-row chunks: inside sequences for a
-    token-level loss, two passes for GSPO) against the unsharded op."""
+    """Every path (token-level loss: chunks across sequences; GSPO: whole sequences in the
+    default chunks, two passes in 2-row chunks) against the unsharded op."""
     tokens = data["tokens"].view(1, N)
     old = torch.full((1, N), -3.0) + data["grad_logp"].view(1, N) * 0.1
     mask = torch.ones(1, N)

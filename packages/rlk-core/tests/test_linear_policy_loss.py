@@ -107,7 +107,7 @@ def test_equals_linear_logp_then_policy_loss(name, per_token):
 
 
 @pytest.mark.parametrize(("chunk_mb", "length", "name", "path"), [
-    (None, 6, "ppo", "sequences"),
+    (None, 6, "ppo", "tokens"),  # token-level: chunks across sequences
     ("0.005", 6, "gspo", "sequences"),  # 7 rows per chunk: one 6-token sequence each
     ("0.005", 20, "ppo", "tokens"),  # 7-row chunks inside 20-token sequences
     ("0.005", 20, "gspo", "two-pass"),

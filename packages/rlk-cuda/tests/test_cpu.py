@@ -224,16 +224,19 @@ def test_policy_loss_and_advantages_on_cpu_tensors_need_a_device() -> None:
 
 
 @pytest.mark.parametrize(("budget_mb", "vocab", "block", "logits_rows"), [
-    ("768", 128256, 1024, 512),  # the default: whole 512-row logits GEMMs per block
+    (None, 128256, 1024, 512),  # the default: whole 512-row logits GEMMs per block
     ("4", 3001, 128, 128),  # a budget below 512 rows: whole GEMM tiles, one logits GEMM each
     ("1", 1300, 100, 100),  # below one tile: what fits
 ])
-def test_one_read_blocks_fit_the_chunk_budget(monkeypatch: pytest.MonkeyPatch, budget_mb: str,
-                                              vocab: int, block: int,
+def test_one_read_blocks_fit_the_chunk_budget(monkeypatch: pytest.MonkeyPatch,
+                                              budget_mb: str | None, vocab: int, block: int,
                                               logits_rows: int) -> None:
     from rlk_cuda.linear_policy_loss import CudaChunkOps
 
-    monkeypatch.setenv("RLK_CUDA_CHUNK_MB", budget_mb)
+    if budget_mb is None:
+        monkeypatch.delenv("RLK_CUDA_CHUNK_MB", raising=False)
+    else:
+        monkeypatch.setenv("RLK_CUDA_CHUNK_MB", budget_mb)
     # float32 operands (bf16 on CPU is multiplied in float32): 4-byte gradient rows
     hidden, weight = torch.zeros(4, 8), torch.zeros(vocab, 8)
     ops = CudaChunkOps(hidden, weight, None, None, None, one_read=True)

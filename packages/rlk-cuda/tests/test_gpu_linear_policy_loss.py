@@ -63,11 +63,11 @@ def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
 @pytest.mark.parametrize("entropy_coef", [0.0, 0.01])  # one read of the logits; two
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("chunk_mb", "length", "name", "path"), [
-    (None, 64, "grpo-k3", "sequences"),
+    (None, 64, "grpo-k3", "tokens"),  # token-level: chunks across sequences
     ("1", 64, "gspo", "sequences"),  # 128-row chunks: two 64-token sequences each
     ("1", 300, "grpo-k3", "tokens"),  # 128-row chunks inside 300-token sequences
     ("1", 300, "gspo", "two-pass"),
-    ("1", 64, "tis-seq-sum", "sequences"),
+    ("1", 64, "tis-seq-sum", "tokens"),
 ])
 def test_paths_against_float64(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype,
                                chunk_mb: str | None, length: int, name: str, path: str,
@@ -117,11 +117,20 @@ def test_one_read_edges_against_float64(monkeypatch: pytest.MonkeyPatch, dtype: 
     tokens[2, 50] = vocab - 1
     dead = (tokens == -100) | (mask == 0)
     hidden[dead] = torch.nan
-    temp = (torch.rand(batch, length, device="cuda") + 0.5 if temperature == "rows"
-            else temperature)
-    bias = (torch.randn(vocab, device="cuda") * 0.5).to(dtype)
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    temp = (torch.rand(batch, length, generator=gen, device="cuda") + 0.5
+            if temperature == "rows" else temperature)
+    bias = (torch.randn(vocab, generator=gen, device="cuda") * 0.5).to(dtype)
+    # old logp near the live tokens' own: ratios near 1, so no gradient underflows float32
+    # (old logp at T = 1 left ratios below 1e-38 at T = 0.02, a zero gradient in float32)
+    exact = reference.linear_logp_entropy(
+        hidden.masked_fill(dead[..., None], 0.0).reshape(-1, width).double(),
+        data["weight"].double(), tokens.reshape(-1), bias=bias.double(),
+        temperature=temp.reshape(-1) if isinstance(temp, torch.Tensor) else temp)[0]
+    old_logp = exact.view(batch, length).float().nan_to_num() + 0.1 * torch.randn(
+        batch, length, generator=gen, device="cuda")
     leaves = [t.clone().requires_grad_(True) for t in (hidden, data["weight"], bias)]
-    args = (tokens, data["old_logp"], data["advantages"], mask)
+    args = (tokens, old_logp, data["advantages"], mask)
     with rlk.use_backends("cuda", strict=True):
         plan = rlk.explain("linear_policy_loss", leaves[0], leaves[1], *args, bias=leaves[2],
                            temperature=temp).plan
@@ -132,7 +141,7 @@ def test_one_read_edges_against_float64(monkeypatch: pytest.MonkeyPatch, dtype: 
     f64 = [t.detach().double().requires_grad_(True)
            for t in (hidden.masked_fill(dead[..., None], 0.0), data["weight"], bias)]
     want = reference.linear_policy_loss(
-        f64[0].reshape(-1, width), f64[1], tokens.reshape(-1), old_logp=data["old_logp"],
+        f64[0].reshape(-1, width), f64[1], tokens.reshape(-1), old_logp=old_logp,
         advantages=data["advantages"], mask=mask, bias=f64[2],
         temperature=temp.reshape(-1) if isinstance(temp, torch.Tensor) else temp)
     want[0].backward()

@@ -1,8 +1,8 @@
 """linear_policy_loss: rlk-core's three-GEMM loop with this package's kernels between the GEMMs.
 
 One read of the logits (`one_read`: no vocabulary shards, no soft cap, no entropy term in the
-loss). Rows go in blocks of whole sequences (or of tokens, for a token-level loss) sized by
-the chunk budget; each block's float32 logits are computed a few rows at a time (one
+loss). Rows go in blocks sized by the chunk budget (of whole sequences for a loss that needs
+them); each block's float32 logits are computed a few rows at a time (one
 float32-output GEMM) and read once by the relative_probs kernel, which writes the rows'
 logp, entropy and log-sum-exp and, into a block buffer in the GEMM input dtype, each row's
 logits gradient up to a factor known only once the loss's token gradient g is:
@@ -37,7 +37,7 @@ from ._launch import device_of, dtype_code, f32_empty, ptr, rows_major, stream
 from .linear import chunk_bytes, padded, rows_view, soft_cap
 
 Temperature = float | Tensor
-_ROW_MULTIPLE = 128  # rows per chunk inside sequences: whole GEMM tiles
+_ROW_MULTIPLE = 128  # rows per chunk: whole GEMM tiles
 _LOGITS_ROWS = 512  # rows per float32 logits GEMM on the one-read path (256: 2% slower)
 
 

@@ -8,11 +8,11 @@ and two GEMMs fold that into grad_hidden (the chunk's rows) and grad_weight (acc
 The loss and metrics come from one policy_loss forward over every logp at the end. The
 backward of the op then only scales these gradients by the upstream gradient of the loss.
 
-Paths (`plan`): row chunks of whole sequences when a sequence fits a chunk ("sequences",
-any loss); chunks inside sequences for losses whose token gradient needs only that token
-("tokens"); otherwise ("two-pass", GSPO with sequences longer than a chunk) logp of every row
-first and the gradients in a second pass over recomputed logits: four GEMMs, through the
-selected linear_logp_entropy kernels.
+Paths (`plan`): full row chunks, whatever the sequence boundaries, for losses whose token
+gradient needs only that token ("tokens"); chunks of whole sequences for the other losses
+when a sequence fits a chunk ("sequences"); otherwise ("two-pass", GSPO with sequences
+longer than a chunk) logp of every row first and the gradients in a second pass over
+recomputed logits: four GEMMs, through the selected linear_logp_entropy kernels.
 
 `ChunkOps` is the part a GPU backend replaces (its logp kernels, buffers and accumulation);
 `run` is the loop every backend shares.
@@ -74,8 +74,11 @@ def _token_separable(policy: Mapping[str, Any]) -> bool:
 
 
 def choose_path(rows: int, length: int, chunk_rows: int, policy: Mapping[str, Any]) -> str:
-    """The path for [B, T] = [rows / length, length] tokens and chunks of `chunk_rows` rows."""
-    if length <= chunk_rows or rows == 0:
+    """The path for [B, T] = [rows / length, length] tokens and chunks of `chunk_rows` rows.
+
+    A token-level loss fills every chunk: chunks cut at sequence boundaries would leave rows
+    of the budget unused, and each extra chunk costs a pass over the weight's gradient."""
+    if rows == 0 or (length <= chunk_rows and not _token_separable(policy)):
         return SEQUENCES
     return TOKENS if _token_separable(policy) else TWO_PASS
 
@@ -396,7 +399,7 @@ def describe(path: str, chunk_rows: int, length: int) -> str:
     what = {
         SEQUENCES: f"row chunks of whole sequences ({max(1, chunk_rows // max(length, 1))} of "
                    f"{length} tokens per chunk)",
-        TOKENS: f"row chunks of {chunk_rows} tokens inside sequences (token-level loss)",
+        TOKENS: f"row chunks of {chunk_rows} tokens across sequences (token-level loss)",
         TWO_PASS: f"two passes: sequences of {length} tokens exceed a chunk of {chunk_rows} "
                   "rows and the loss needs whole sequences",
     }[path]

@@ -238,9 +238,9 @@ PEERS = {
     "cublas": floors.gemm_floor(lambda case: 2 if case.dims["GSPO"] else 1),
 }
 
-# rlk-cuda's chunk budget (default 768 MiB) halved and doubled: what the default trades
+# rlk-cuda's chunk budget (default 960 MiB) halved and doubled: what the default trades
 CHUNK_BUDGETS = tuple(Variant("cuda", f"chunk-{mb}mb", {"RLK_CUDA_CHUNK_MB": str(mb)})
-                      for mb in (384, 1536))
+                      for mb in (480, 1920))
 
 LINEAR_POLICY_LOSS = Workload(
     name="linear-policy-loss", op="linear_policy_loss", modes=(FORWARD, FORWARD_BACKWARD),

@@ -40,6 +40,15 @@ __device__ __forceinline__ float gumbel_noise(uint64_t seed, uint32_t idx) {
   return gumbel_of(philox_block(seed, idx >> 2), idx);
 }
 
+// A uniform in [0, 1) with 53 random bits from the row's seed alone, for the plain draw's
+// inverse CDF: Philox on a counter no token's noise uses (second word 1).
+__device__ __forceinline__ double row_uniform(uint64_t seed) {
+  const uint2 key = make_uint2(static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  const uint4 r = philox4x32_10(make_uint4(0u, 1u, 0x726c6b73u, 0u), key);
+  const uint64_t bits = (static_cast<uint64_t>(r.x >> 11) << 32) | r.y;
+  return static_cast<double>(bits) * 1.1102230246251565e-16;  // 2^-53
+}
+
 // gumbel_noise for a thread that visits a row's tokens in increasing runs (a vector's
 // elements): one Philox block serves four neighbouring tokens instead of one, the same bits.
 struct GumbelRun {

@@ -5,8 +5,11 @@
 // no atomics), and as soon as every possible survivor fits in shared memory it gathers them,
 // sorts them and finishes exactly there. Only degenerate rows (huge ties, huge nuclei) keep
 // narrowing until tau is exact and then draw in one more pass. The draw is Gumbel-max with
-// Philox noise keyed by (seed, token index), so both routes pick the same token.
+// Philox noise keyed by (seed, token index), so both routes pick the same token. With a
+// temperature and no filter the draw is an inverse CDF instead (plain_draw): one uniform per
+// row, so the row is read at memory speed rather than paying Philox for every token.
 #include <cfloat>
+#include <climits>
 
 #include "logp_row.cuh"
 #include "philox.cuh"
@@ -123,12 +126,11 @@ __device__ __forceinline__ bool converged(float lo, float hi) {
   return __float_as_uint(hi) - __float_as_uint(lo) <= 1u;
 }
 
-// Block-wide inclusive scan of the candidates' masses into sh.cum (2 per thread, fixed order).
-__device__ void scan_masses(Shared& sh, int n) {
+// Block-wide inclusive scan into sh.cum of the values a0, a1 of entries 2t, 2t + 1 (thread t),
+// in a fixed order.
+__device__ void scan_pairs(Shared& sh, float a0, float a1) {
   const int t = threadIdx.x, lane = t % RLK_WARP_SIZE, warp = t / RLK_WARP_SIZE;
   const int i0 = 2 * t, i1 = 2 * t + 1;
-  const float a0 = i0 < n ? mass_of(__uint_as_float(static_cast<uint32_t>(sh.cand[i0] >> 32))) : 0.f;
-  const float a1 = i1 < n ? mass_of(__uint_as_float(static_cast<uint32_t>(sh.cand[i1] >> 32))) : 0.f;
   float v = a0 + a1;
 #pragma unroll
   for (int o = 1; o < RLK_WARP_SIZE; o <<= 1) {
@@ -151,6 +153,13 @@ __device__ void scan_masses(Shared& sh, int n) {
   if (i0 < kCap) sh.cum[i0] = excl + a0;
   if (i1 < kCap) sh.cum[i1] = excl + a0 + a1;
   __syncthreads();
+}
+
+// Inclusive scan of the n gathered candidates' masses into sh.cum.
+__device__ void scan_masses(Shared& sh, int n) {
+  const int i0 = 2 * threadIdx.x, i1 = i0 + 1;
+  scan_pairs(sh, i0 < n ? mass_of(__uint_as_float(static_cast<uint32_t>(sh.cand[i0] >> 32))) : 0.f,
+             i1 < n ? mass_of(__uint_as_float(static_cast<uint32_t>(sh.cand[i1] >> 32))) : 0.f);
 }
 
 __device__ __forceinline__ uint32_t cand_key(const Shared& sh, int i) {
@@ -188,6 +197,129 @@ __device__ Pick block_argmax(Pick a, Shared& sh) {
   Pick r{sh.fred[0], sh.ired[0]};
   for (int w = 1; w < kThreads / RLK_WARP_SIZE; ++w) r = better(r, Pick{sh.fred[w], sh.ired[w]});
   return r;
+}
+
+// The plain draw (a temperature, no filter): the inverse CDF of the row's masses in index order
+// at u * total, u = row_uniform(seed). Pass one sums the masses of each group of
+// RLK_WARP_SIZE consecutive vectors into sh.cum; the scan of the groups finds the group
+// holding u * total, and one warp walks it. The total is the sum of the group sums, so a
+// zero mass never takes the draw (rounding inside the walk falls back to the group's last
+// positive mass). Rows of more than kCap groups (V > 262144 in float32 on CUDA) take the
+// Gumbel-max pass.
+template <typename T>
+__device__ __forceinline__ int64_t plain_groups(int64_t V) {
+  const int64_t nv = V / VecWidth<T>::value;
+  return (nv + RLK_WARP_SIZE - 1) / RLK_WARP_SIZE + (nv * VecWidth<T>::value < V ? 1 : 0);
+}
+
+template <typename T>
+__device__ __forceinline__ float vector_mass(const float (&x)[VecWidth<T>::value], float m,
+                                             float inv_t) {
+  float s = 0.f;
+#pragma unroll
+  for (int k = 0; k < VecWidth<T>::value; ++k) s += mass_of((m - x[k]) * inv_t);
+  return s;
+}
+
+// Group sums into sh.cum[0 .. groups), the scalar tail's (V % W elements) after them.
+template <typename T, bool ALIGNED>
+__device__ void group_masses(const T* p, int64_t V, float m, float inv_t, Shared& sh) {
+  constexpr int W = VecWidth<T>::value;
+  const int64_t nv = V / W;
+  const int lane = threadIdx.x % RLK_WARP_SIZE;
+  for (int64_t base = threadIdx.x - lane; base < nv; base += 2 * kThreads) {  // warp-uniform
+    const int64_t j0 = base + lane, j1 = j0 + kThreads;
+    float x0[W], x1[W];
+    if (j0 < nv) load_vec<T, ALIGNED>(p, j0, x0);
+    if (j1 < nv) load_vec<T, ALIGNED>(p, j1, x1);
+    const float s0 = warp_reduce(j0 < nv ? vector_mass<T>(x0, m, inv_t) : 0.f, SumOp{});
+    const float s1 = warp_reduce(j1 < nv ? vector_mass<T>(x1, m, inv_t) : 0.f, SumOp{});
+    if (lane == 0) {
+      sh.cum[base / RLK_WARP_SIZE] = s0;
+      if (base + kThreads < nv) sh.cum[(base + kThreads) / RLK_WARP_SIZE] = s1;
+    }
+  }
+  if (threadIdx.x == 0 && nv * W < V) {
+    float s = 0.f;
+    for (int64_t t = nv * W; t < V; ++t) s += mass_of((m - to_float(p[t])) * inv_t);
+    sh.cum[(nv + RLK_WARP_SIZE - 1) / RLK_WARP_SIZE] = s;
+  }
+}
+
+// Group g's token at `rest` (0 <= rest < its mass, up to rounding): warp 0 sums each lane's
+// vector, finds the lane by a scan, and that lane walks its elements. Returns the token in
+// every thread of warp 0.
+template <typename T, bool ALIGNED>
+__device__ int walk_group(const T* p, int64_t V, int64_t g, double rest, float m, float inv_t,
+                          Shared& sh) {
+  constexpr int W = VecWidth<T>::value;
+  const int64_t nv = V / W;
+  const int lane = threadIdx.x % RLK_WARP_SIZE;
+  if (g * RLK_WARP_SIZE >= nv) {  // the scalar tail: one thread walks it
+    int last = -1, tok = -1;
+    double acc = 0.0;
+    for (int64_t t = nv * W; t < V && tok < 0; ++t) {
+      const float e = mass_of((m - to_float(p[t])) * inv_t);
+      acc += e;
+      if (e > 0.f) last = static_cast<int>(t);
+      if (e > 0.f && rest < acc) tok = static_cast<int>(t);
+    }
+    return tok >= 0 ? tok : last;
+  }
+  const int64_t j = g * RLK_WARP_SIZE + lane;
+  float x[W];
+  float s = 0.f;
+  if (j < nv) {
+    load_vec<T, ALIGNED>(p, j, x);
+    s = vector_mass<T>(x, m, inv_t);
+  }
+  float incl = s;
+#pragma unroll
+  for (int o = 1; o < RLK_WARP_SIZE; o <<= 1) {
+    const float u = shfl_up(incl, o);
+    if (lane >= o) incl += u;
+  }
+  // the first lane whose prefix passes `rest`, else the last lane with any mass
+  const int mine = s > 0.f && rest < static_cast<double>(incl) ? lane : RLK_WARP_SIZE;
+  int lane_at = warp_reduce(mine, MinOp{});
+  if (lane_at == RLK_WARP_SIZE) lane_at = -warp_reduce(s > 0.f ? -lane : 1, MinOp{});
+  int tok = -1;
+  if (lane == lane_at) {
+    double acc = static_cast<double>(incl) - s;
+    int last = -1;
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const float e = mass_of((m - x[k]) * inv_t);
+      acc += e;
+      if (e > 0.f) last = k;
+      if (tok < 0 && e > 0.f && rest < acc) tok = k;
+    }
+    tok = static_cast<int>(j * W + (tok >= 0 ? tok : last));
+  }
+  return warp_reduce(lane == lane_at ? tok : INT_MAX, MinOp{});
+}
+
+// The plain draw of one row: its token (in thread 0) and the total mass.
+template <typename T, bool ALIGNED>
+__device__ Pick plain_draw(const T* p, int64_t V, float m, float inv_t, uint64_t seed,
+                           Shared& sh, float& total) {
+  const int groups = static_cast<int>(plain_groups<T>(V));
+  group_masses<T, ALIGNED>(p, V, m, inv_t, sh);
+  __syncthreads();
+  const int i0 = 2 * threadIdx.x, i1 = i0 + 1;
+  scan_pairs(sh, i0 < groups ? sh.cum[i0] : 0.f, i1 < groups ? sh.cum[i1] : 0.f);
+  total = sh.cum[groups - 1];
+  const double target = row_uniform(seed) * static_cast<double>(total);
+  int first = groups;  // the first group whose inclusive sum passes the target
+  for (int i = threadIdx.x; i < groups; i += kThreads)
+    if (target < static_cast<double>(sh.cum[i])) first = min(first, i);
+  first = min(block_min_int<kThreads>(first, sh.ired), groups - 1);  // min: never reached
+  Pick pick{0.f, 0};
+  if (threadIdx.x < RLK_WARP_SIZE) {
+    const double before = first > 0 ? static_cast<double>(sh.cum[first - 1]) : 0.0;
+    pick.idx = walk_group<T, ALIGNED>(p, V, first, target - before, m, inv_t, sh);
+  }
+  return pick;
 }
 
 template <typename T>
@@ -330,6 +462,9 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
     }
     pick = block_argmax(pick, sh);
     z_f = sh.cum[n_f - 1];
+  } else if (!greedy && k == 0 && !use_p && !use_m && plain_groups<T>(V) <= kCap) {
+    pick = is_aligned16(p) ? plain_draw<T, true>(p, V, m, inv_t, seed, sh, z_f)
+                           : plain_draw<T, false>(p, V, m, inv_t, seed, sh, z_f);
   } else {
     const float tau = greedy ? 0.f : fminf(fminf(tau_k, tau_p), tau_m);
     float z = 0.f;

@@ -131,12 +131,13 @@ def test_empirical_distribution(top_k: int, top_p: float, min_p: float) -> None:
     assert ((freq - want).abs() <= 5 * sigma + 1e-9).all(), (freq, want)
 
 
-def test_bits_do_not_depend_on_row_alignment() -> None:
+@pytest.mark.parametrize(("top_k", "top_p"), [(40, 0.9), (0, 1.0)])  # filtered; plain
+def test_bits_do_not_depend_on_row_alignment(top_k: int, top_p: float) -> None:
     logits = _logits(7, 30001, torch.float16, seed=12)  # rows start at every alignment
     seeds = torch.randint(0, 2**62, (7,), device="cuda")
-    full = sample(logits, 0.8, 40, 0.9, 0.0, seeds)
+    full = sample(logits, 0.8, top_k, top_p, 0.0, seeds)
     for r in range(7):
-        alone = sample(logits[r : r + 1].clone(), 0.8, 40, 0.9, 0.0, seeds[r : r + 1])
+        alone = sample(logits[r : r + 1].clone(), 0.8, top_k, top_p, 0.0, seeds[r : r + 1])
         for x, y in zip(full, alone, strict=True):
             assert torch.equal(x[r : r + 1], y)
 
@@ -154,22 +155,45 @@ def _philox4x32_10(counter: tuple[int, int, int, int], key: tuple[int, int]) -> 
     return [c0, c1, c2, c3]
 
 
-def _gumbel(seed: int, idx: int) -> float:
-    """Token idx's Gumbel noise in the row seeded with `seed` (philox.cuh's gumbel_noise)."""
+def _row_uniform(seed: int) -> float:
+    """The plain draw's uniform of a row seeded with `seed` (philox.cuh's row_uniform)."""
     pattern = seed % 2**64
-    bits = _philox4x32_10((idx >> 2, 0, 0x726C6B73, 0), (pattern & 0xFFFFFFFF, pattern >> 32))
-    u = ((bits[idx & 3] >> 8) + 0.5) * 2.0**-24
-    return -math.log(-math.log(u))
+    bits = _philox4x32_10((0, 1, 0x726C6B73, 0), (pattern & 0xFFFFFFFF, pattern >> 32))
+    return ((bits[0] >> 11) * 2**32 + bits[1]) * 2.0**-53
 
 
-def test_plain_sampling_is_gumbel_max_with_each_tokens_own_philox_bits() -> None:
-    """Regression for the Philox block shared by four neighbouring tokens: every token
-    still gets the bits of its own counter, so the draw is argmax(logit + noise(token))."""
-    logits = _logits(8, 37, torch.float32, seed=21, scale=1.0)  # 37: a scalar tail too
-    seeds = torch.randint(-(2**62), 2**62, (8,), device="cuda")
-    tokens, _, _ = sample(logits, 1.0, 0, 1.0, 0.0, seeds)
-    for row in range(8):
-        scores = [float(logits[row, j]) + _gumbel(int(seeds[row]), j) for j in range(37)]
-        ranked = sorted(range(37), key=lambda j: -scores[j])
-        near_tie = scores[ranked[0]] - scores[ranked[1]] < 1e-4  # float32 rounding may decide
-        assert int(tokens[row]) == ranked[0] or (near_tie and int(tokens[row]) == ranked[1])
+@pytest.mark.parametrize(("vocab", "dtype"), [
+    (37, torch.float32),  # one group of vectors and a scalar tail
+    (70001, torch.bfloat16),  # 274 groups of 32 vectors and a tail
+    (262144, torch.float32),  # 2048 groups: the most shared memory holds
+])
+def test_plain_sampling_is_the_inverse_cdf_at_the_rows_uniform(vocab: int,
+                                                               dtype: torch.dtype) -> None:
+    """With no filter a row's token is where u * total falls in its cumulative masses (index
+    order), u from its seed alone: the Gumbel-max pass it replaced drew Philox bits for every
+    token, which made this case compute-bound."""
+    logits = _logits(6, vocab, dtype, seed=21, scale=2.0)
+    seeds = torch.randint(-(2**62), 2**62, (6,), device="cuda")
+    tokens, logp, processed = sample(logits, 0.9, 0, 1.0, 0.0, seeds)
+    for row in range(6):
+        x = logits[row].double()
+        cumulative = ((x - x.max()) / 0.9).exp().cumsum(0)
+        total = float(cumulative[-1])
+        target = _row_uniform(int(seeds[row])) * total
+        tok = int(tokens[row])
+        below = float(cumulative[tok - 1]) if tok > 0 else 0.0
+        slack = 1e-5 * total  # the kernel's float32 sums
+        assert below - slack <= target <= float(cumulative[tok]) + slack, (row, tok)
+    torch.testing.assert_close(processed, logp, rtol=0, atol=1e-5)  # no filter: the same law
+
+
+def test_plain_sampling_beyond_the_groups_shared_memory_holds() -> None:
+    """V = 262148 in float32 is one group past the inverse CDF's 2048: Gumbel-max draws, from
+    the support, with the same logp."""
+    logits = _logits(4, 262148, torch.float32, seed=5)
+    seeds = torch.randint(0, 2**62, (4,), device="cuda")
+    tokens, lp, plp = sample(logits, 1.0, 0, 1.0, 0.0, seeds)
+    assert ((tokens >= 0) & (tokens < 262148)).all()
+    same, _, _ = logp_kernels.forward(logits, tokens, 1.0, -100, None, None, False)
+    assert torch.equal(lp, same)
+    torch.testing.assert_close(plp, lp, rtol=0, atol=1e-5)

@@ -250,8 +250,7 @@ __device__ void group_masses(const T* p, int64_t V, float m, float inv_t, Shared
 // vector, finds the lane by a scan, and that lane walks its elements. Returns the token in
 // every thread of warp 0.
 template <typename T, bool ALIGNED>
-__device__ int walk_group(const T* p, int64_t V, int64_t g, double rest, float m, float inv_t,
-                          Shared& sh) {
+__device__ int walk_group(const T* p, int64_t V, int64_t g, double rest, float m, float inv_t) {
   constexpr int W = VecWidth<T>::value;
   const int64_t nv = V / W;
   const int lane = threadIdx.x % RLK_WARP_SIZE;
@@ -317,7 +316,7 @@ __device__ Pick plain_draw(const T* p, int64_t V, float m, float inv_t, uint64_t
   Pick pick{0.f, 0};
   if (threadIdx.x < RLK_WARP_SIZE) {
     const double before = first > 0 ? static_cast<double>(sh.cum[first - 1]) : 0.0;
-    pick.idx = walk_group<T, ALIGNED>(p, V, first, target - before, m, inv_t, sh);
+    pick.idx = walk_group<T, ALIGNED>(p, V, first, target - before, m, inv_t);
   }
   return pick;
 }

@@ -3,8 +3,6 @@ determinism per seed, batch invariance and the empirical distribution."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from rlk.testing.poison import poisoned_allocations

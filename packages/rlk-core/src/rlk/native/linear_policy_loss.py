@@ -78,9 +78,11 @@ def choose_path(rows: int, length: int, chunk_rows: int, policy: Mapping[str, An
 
     A token-level loss fills every chunk: chunks cut at sequence boundaries would leave rows
     of the budget unused, and each extra chunk costs a pass over the weight's gradient."""
-    if rows == 0 or (length <= chunk_rows and not _token_separable(policy)):
+    if rows == 0:
         return SEQUENCES
-    return TOKENS if _token_separable(policy) else TWO_PASS
+    if _token_separable(policy):
+        return TOKENS
+    return SEQUENCES if length <= chunk_rows else TWO_PASS
 
 
 @dataclass

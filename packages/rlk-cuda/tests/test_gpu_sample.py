@@ -3,6 +3,8 @@ determinism per seed, batch invariance and the empirical distribution."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from rlk.testing.poison import poisoned_allocations
@@ -151,6 +153,30 @@ def _philox4x32_10(counter: tuple[int, int, int, int], key: tuple[int, int]) -> 
             p0 & mask
         k0, k1 = (k0 + 0x9E3779B9) & mask, (k1 + 0xBB67AE85) & mask
     return [c0, c1, c2, c3]
+
+
+def _gumbel(seed: int, idx: int) -> float:
+    """Token idx's Gumbel noise in the row seeded with `seed` (philox.cuh's gumbel_noise)."""
+    pattern = seed % 2**64
+    bits = _philox4x32_10((idx >> 2, 0, 0x726C6B73, 0), (pattern & 0xFFFFFFFF, pattern >> 32))
+    u = ((bits[idx & 3] >> 8) + 0.5) * 2.0**-24
+    return -math.log(-math.log(u))
+
+
+def test_filtered_sampling_is_gumbel_max_with_each_tokens_own_philox_bits() -> None:
+    """Regression for the Philox block shared by four neighbouring tokens in the full pass (a
+    top-k set larger than the 2048 candidates shared memory holds): every token still gets
+    the bits of its own counter, so the draw is argmax(logit + noise(token)) over the set."""
+    vocab, k = 5000, 4000
+    logits = _logits(3, vocab, torch.float32, seed=21, scale=1.0)
+    seeds = torch.randint(-(2**62), 2**62, (3,), device="cuda")
+    tokens, _, _ = sample(logits, 1.0, k, 1.0, 0.0, seeds)
+    for row in range(3):
+        kept = logits[row].topk(k).indices.tolist()
+        scores = {j: float(logits[row, j]) + _gumbel(int(seeds[row]), j) for j in kept}
+        ranked = sorted(kept, key=lambda j: -scores[j])
+        near_tie = scores[ranked[0]] - scores[ranked[1]] < 1e-4  # float32 rounding may decide
+        assert int(tokens[row]) == ranked[0] or (near_tie and int(tokens[row]) == ranked[1])
 
 
 def _row_uniform(seed: int) -> float:

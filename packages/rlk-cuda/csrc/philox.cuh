@@ -20,11 +20,15 @@ __device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
   return c;
 }
 
+// The Philox key of the row seeded with `seed`.
+__device__ __forceinline__ uint2 seed_key(uint64_t seed) {
+  return make_uint2(static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+}
+
 // Philox block `block` of the row seeded with `seed`: the random bits of its tokens
 // 4 * block .. 4 * block + 3.
 __device__ __forceinline__ uint4 philox_block(uint64_t seed, uint32_t block) {
-  const uint2 key = make_uint2(static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
-  return philox4x32_10(make_uint4(block, 0u, 0x726c6b73u, 0u), key);
+  return philox4x32_10(make_uint4(block, 0u, 0x726c6b73u, 0u), seed_key(seed));
 }
 
 // Gumbel(0, 1) noise for token `idx` from its block's bits.
@@ -43,8 +47,7 @@ __device__ __forceinline__ float gumbel_noise(uint64_t seed, uint32_t idx) {
 // A uniform in [0, 1) with 53 random bits from the row's seed alone, for the plain draw's
 // inverse CDF: Philox on a counter no token's noise uses (second word 1).
 __device__ __forceinline__ double row_uniform(uint64_t seed) {
-  const uint2 key = make_uint2(static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
-  const uint4 r = philox4x32_10(make_uint4(0u, 1u, 0x726c6b73u, 0u), key);
+  const uint4 r = philox4x32_10(make_uint4(0u, 1u, 0x726c6b73u, 0u), seed_key(seed));
   const uint64_t bits = (static_cast<uint64_t>(r.x >> 11) << 32) | r.y;
   return static_cast<double>(bits) * 1.1102230246251565e-16;  // 2^-53
 }

@@ -155,15 +155,15 @@ __device__ void scan_pairs(Shared& sh, float a0, float a1) {
   __syncthreads();
 }
 
+__device__ __forceinline__ uint32_t cand_key(const Shared& sh, int i) {
+  return static_cast<uint32_t>(sh.cand[i] >> 32);
+}
+
 // Inclusive scan of the n gathered candidates' masses into sh.cum.
 __device__ void scan_masses(Shared& sh, int n) {
   const int i0 = 2 * threadIdx.x, i1 = i0 + 1;
-  scan_pairs(sh, i0 < n ? mass_of(__uint_as_float(static_cast<uint32_t>(sh.cand[i0] >> 32))) : 0.f,
-             i1 < n ? mass_of(__uint_as_float(static_cast<uint32_t>(sh.cand[i1] >> 32))) : 0.f);
-}
-
-__device__ __forceinline__ uint32_t cand_key(const Shared& sh, int i) {
-  return static_cast<uint32_t>(sh.cand[i] >> 32);
+  scan_pairs(sh, i0 < n ? mass_of(__uint_as_float(cand_key(sh, i0))) : 0.f,
+             i1 < n ? mass_of(__uint_as_float(cand_key(sh, i1))) : 0.f);
 }
 
 // One past the last candidate whose key equals candidate i's (ties stay together).
@@ -212,12 +212,18 @@ __device__ __forceinline__ int64_t plain_groups(int64_t V) {
   return (nv + RLK_WARP_SIZE - 1) / RLK_WARP_SIZE + (nv * VecWidth<T>::value < V ? 1 : 0);
 }
 
+// A logit's mass relative to the row maximum m; the sums and the walk use this one expression,
+// so they agree on every element.
+__device__ __forceinline__ float mass_at(float x, float m, float inv_t) {
+  return mass_of((m - x) * inv_t);
+}
+
 template <typename T>
 __device__ __forceinline__ float vector_mass(const float (&x)[VecWidth<T>::value], float m,
                                              float inv_t) {
   float s = 0.f;
 #pragma unroll
-  for (int k = 0; k < VecWidth<T>::value; ++k) s += mass_of((m - x[k]) * inv_t);
+  for (int k = 0; k < VecWidth<T>::value; ++k) s += mass_at(x[k], m, inv_t);
   return s;
 }
 
@@ -241,7 +247,7 @@ __device__ void group_masses(const T* p, int64_t V, float m, float inv_t, Shared
   }
   if (threadIdx.x == 0 && nv * W < V) {
     float s = 0.f;
-    for (int64_t t = nv * W; t < V; ++t) s += mass_of((m - to_float(p[t])) * inv_t);
+    for (int64_t t = nv * W; t < V; ++t) s += mass_at(to_float(p[t]), m, inv_t);
     sh.cum[(nv + RLK_WARP_SIZE - 1) / RLK_WARP_SIZE] = s;
   }
 }
@@ -258,7 +264,7 @@ __device__ int walk_group(const T* p, int64_t V, int64_t g, double rest, float m
     int last = -1, tok = -1;
     double acc = 0.0;
     for (int64_t t = nv * W; t < V && tok < 0; ++t) {
-      const float e = mass_of((m - to_float(p[t])) * inv_t);
+      const float e = mass_at(to_float(p[t]), m, inv_t);
       acc += e;
       if (e > 0.f) last = static_cast<int>(t);
       if (e > 0.f && rest < acc) tok = static_cast<int>(t);
@@ -288,7 +294,7 @@ __device__ int walk_group(const T* p, int64_t V, int64_t g, double rest, float m
     int last = -1;
 #pragma unroll
     for (int k = 0; k < W; ++k) {
-      const float e = mass_of((m - x[k]) * inv_t);
+      const float e = mass_at(x[k], m, inv_t);
       acc += e;
       if (e > 0.f) last = k;
       if (tok < 0 && e > 0.f && rest < acc) tok = k;

@@ -103,8 +103,8 @@ def test_without_filters_processed_logp_is_a_copy_of_logp(fake: FakeFlashInfer):
 @pytest.mark.parametrize("checks", [False, True])
 def test_logp_of_a_row_without_a_token_is_nan_with_or_without_input_checks(
         fake: FakeFlashInfer, monkeypatch: pytest.MonkeyPatch, checks: bool):
-    """logp at token -1 is NaN by rlk.logp's own contract; with input checks on (which
-    refuse -1) the sampler masks it through core's drawn_logp instead."""
+    """logp at token -1 is NaN by the logp contract (tokens outside [0, V)); rlk.logp's input
+    checks, which would refuse -1, never run on the drawn tokens."""
     logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(8))
     logits[0] = -math.inf
     monkeypatch.setenv("RLK_CHECK_INPUTS", "1" if checks else "0")

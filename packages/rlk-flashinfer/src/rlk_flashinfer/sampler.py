@@ -5,7 +5,7 @@ A call is a handful of launches and never waits for the device:
   flashinfer.top_k              each row's shortlist, when a filter can bound the kept set
   kernel.sample_rows            one program per row: validity, greedy, shortlist or whole
                                 vocabulary; writes tokens (-1: none) and processed_logp
-  rlk.logp                      `logp` of the drawn tokens, so that it matches bit for bit
+  rlk.backend.drawn_logp        `logp` of the drawn tokens, so that it matches bit for bit
 and, with no filter, a copy of logp as processed_logp. The host work per call is counted:
 three allocations (two with no filter), the launches above, no other torch op.
 
@@ -20,7 +20,6 @@ import math
 
 import torch
 
-import rlk
 from rlk.backend import drawn_logp
 from rlk_flashinfer import library
 
@@ -57,19 +56,8 @@ def sample(
         shortlists = None if size is None else _shortlists(logits, size)
         kernel.sample(logits, seeds, stats, shortlists, temperature, k, top_p, min_p, tokens,
                       processed)
-    logp = _logp(logits, tokens, temperature or 1.0)
+    logp = drawn_logp(logits, tokens, temperature)  # flashinfer has no logp kernel
     return tokens, logp, logp.clone() if processed is None else processed
-
-
-def _logp(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
-    """rlk.logp of the drawn tokens, outside any strict scope the caller opened for `sample`
-    (flashinfer has no logp kernel). A token of -1 (no valid token) is out of range, which
-    rlk.logp answers with NaN; only with input checks on, which refuse it, does core's
-    drawn_logp mask it (five more torch ops)."""
-    if rlk.check_inputs():
-        return drawn_logp(logits, tokens, temperature)
-    with rlk.use_backends(strict=False):
-        return rlk.logp(logits, tokens, temperature=temperature)
 
 
 def _shortlists(logits: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 from collections.abc import Iterator, Mapping
@@ -102,14 +101,14 @@ def _(logits, temperature, top_k, top_p, min_p, seeds):
 def drawn_logp(logits: Tensor, tokens: Tensor, temperature: float) -> Tensor:
     """`logp` output of a `sample` kernel whose backend has no logp kernel of its own.
 
-    rlk.logp of the drawn tokens at the sampling temperature (1 when greedy), NaN where no
-    token was drawn (-1), so it equals what the caller's rlk.logp returns bit for bit. It
-    runs outside any strict scope the caller opened for `sample`, which the nested op's
-    backends need not satisfy.
+    The logp op's kernel on the drawn tokens at the sampling temperature (1 when greedy), so
+    it equals what the caller's rlk.logp returns bit for bit; a row with no token (-1) gets
+    NaN, as the logp contract gives every token outside [0, V). It runs outside any strict
+    scope the caller opened for `sample`, which the nested op's backends need not satisfy.
 
     logits `[B, V]` and tokens int64 `[B]` come from a sample kernel, already checked: the
-    logp op runs on them without rlk.logp's argument checks (its kernel arguments are
-    what rlk.logp would build from them).
+    logp op runs on them without rlk.logp's argument checks (which would refuse -1), with the
+    kernel arguments rlk.logp would build from them.
     """
     from rlk.ops.logp import LOGP
 
@@ -117,16 +116,14 @@ def drawn_logp(logits: Tensor, tokens: Tensor, temperature: float) -> Tensor:
         raise ValueError(f"drawn_logp takes logits [B, V] and int64 tokens [B]; got logits "
                          f"{tuple(logits.shape)} and {tokens.dtype} tokens "
                          f"{tuple(tokens.shape)}")
-    drawn = tokens >= 0
-    args = {"logits": logits, "tokens": tokens.clamp(min=0),
+    args = {"logits": logits, "tokens": tokens,
             "temperature": temperature if temperature > 0.0 else 1.0, "ignore_index": -100,
             "rows": None, "out": None, "with_entropy": False}
     policy = current_policy(get_dispatcher())
-    scope = (ScopedPolicy(dataclasses.replace(policy, strict=False)) if policy.strict
-             else contextlib.nullcontext())
-    with scope:
-        values = LOGP.call(args)[0]
-    return torch.where(drawn, values, math.nan)
+    if not policy.strict:
+        return LOGP.call(args)[0]
+    with ScopedPolicy(dataclasses.replace(policy, strict=False)):
+        return LOGP.call(args)[0]
 
 
 def sample(
@@ -150,6 +147,8 @@ def sample(
     args, lead = _prepare(logits, temperature, top_k, top_p, min_p, seed)
     args["logits"] = args["logits"].detach()  # sampling is not differentiable: use rlk.logp
     tokens, logp, processed = SAMPLE.call(args)
+    if len(lead) == 1:  # [B, V] logits: the kernel's [B] outputs as they are (3 views cost 2 µs)
+        return Sampled(tokens, logp, processed)
     return Sampled(tokens.view(lead), logp.view(lead), processed.view(lead))
 
 

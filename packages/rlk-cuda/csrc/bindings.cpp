@@ -232,11 +232,13 @@ NB_MODULE(_C, m) {
       "group_size"_a, "normalize"_a, "leave_one_out"_a, "nan_ignore"_a, "singleton_reward"_a,
       "eps"_a, "out"_a, "order"_a, "batch_std"_a);
 
+  // The statistics pass (the logp forward's, tma as for logp_forward) and the draw, in one
+  // call: stats [2, B] and partial are scratch.
   m.def("sample",
         [](int device, uintptr_t stream, uintptr_t logits, int dtype, int64_t B, int64_t V,
            int64_t row_stride, float temperature, int64_t top_k, float top_p, float min_p,
-           uintptr_t seeds, uintptr_t stats, uintptr_t tokens, uintptr_t logp,
-           uintptr_t processed_logp) {
+           uintptr_t seeds, uintptr_t stats, int nseg, uintptr_t partial, bool tma,
+           uintptr_t tokens, uintptr_t logp, uintptr_t processed_logp) {
           if (B > 0) {
             require(logits, "logits");
             require(seeds, "seeds");
@@ -247,13 +249,14 @@ NB_MODULE(_C, m) {
           }
           prepare(device);
           rlk::SampleArgs a{ptr<const void>(logits), dtype, B, V, row_stride, temperature, top_k,
-                            top_p, min_p, ptr<const int64_t>(seeds), ptr<const float>(stats),
-                            ptr<int64_t>(tokens), ptr<float>(logp), ptr<float>(processed_logp)};
+                            top_p, min_p, ptr<const int64_t>(seeds), ptr<float>(stats), nseg,
+                            ptr<float>(partial), tma, ptr<int64_t>(tokens), ptr<float>(logp),
+                            ptr<float>(processed_logp)};
           check(rlk::sample(a, reinterpret_cast<void*>(stream)));
         },
         nb::kw_only(), "device"_a, "stream"_a, "logits"_a, "dtype"_a, "B"_a, "V"_a, "row_stride"_a,
-        "temperature"_a, "top_k"_a, "top_p"_a, "min_p"_a, "seeds"_a, "stats"_a, "tokens"_a,
-        "logp"_a, "processed_logp"_a);
+        "temperature"_a, "top_k"_a, "top_p"_a, "min_p"_a, "seeds"_a, "stats"_a, "nseg"_a,
+        "partial"_a, "tma"_a, "tokens"_a, "logp"_a, "processed_logp"_a);
 
   // policy_loss: the options as a settings struct (built once per options object), the
   // tensors as (pointer, element type) pairs; every argument by name.

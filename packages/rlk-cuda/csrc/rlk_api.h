@@ -128,7 +128,14 @@ struct SampleArgs {
   int64_t top_k;
   float top_p, min_p;
   const int64_t* seeds;   // [B]
-  const float* stats;     // [2, B] from logp_forward(tokens=nullptr) at the same temperature
+  // sample() first runs the logp forward's statistics pass into `stats` (scratch), exactly as
+  // logp_forward(tokens=nullptr) would at this temperature (1 when greedy), so that logp
+  // equals that forward's bit for bit: with nseg = logp_forward_segments(V) and, where
+  // nseg > 1, partial [B, nseg, 3]; or with tma, logp_forward_tma's segments and partial.
+  float* stats;           // [2, B]
+  int nseg;
+  float* partial;
+  bool tma;
   int64_t* tokens;        // [B]
   float* logp;            // [B]
   float* processed_logp;  // [B]
@@ -233,7 +240,7 @@ const char* group_advantages(const GroupAdvArgs& a, void* stream);
 // No work when *factor is exactly 1: the check happens on the device, the host never waits.
 const char* scale_by_device_factor(const ScaleArgs& a, void* stream);
 const char* scale_rows(const ScaleRowsArgs& a, void* stream);
-const char* sample(const SampleArgs& a, void* stream);
+const char* sample(const SampleArgs& a, void* stream);  // the statistics pass, then the draw
 // The forward writes loss and metrics, and grad too when given: d loss / d logp at upstream
 // grad_loss, exactly what policy_loss_backward writes (its rows come from the forward's pass).
 const char* policy_loss_forward(const PolicyLossArgs& a, void* stream);

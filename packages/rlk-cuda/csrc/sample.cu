@@ -502,6 +502,12 @@ const char* sample(const SampleArgs& a, void* stream) {
   if (a.B == 0) return nullptr;
   if (a.V > 0x7fffffffLL) return "sample: vocabulary larger than 2^31 - 1";
   if (a.V == 0) return "sample: empty vocabulary";
+  const float stats_temperature = a.temperature > 0.f ? a.temperature : 1.0f;
+  const LogpFwdArgs f{a.logits, a.dtype, a.B, a.V, a.row_stride, nullptr, nullptr, a.B,
+                      stats_temperature, nullptr, -100, nullptr, 1, nullptr, nullptr,
+                      a.stats, a.nseg, a.partial};
+  const char* err = a.tma ? logp_forward_tma(f, stream) : logp_forward(f, stream);
+  if (err != nullptr) return err;
   switch (a.dtype) {
     case kF32: sample_kernel<float><<<a.B, kThreads, 0, s>>>(a); break;
     case kBF16: sample_kernel<bf16_t><<<a.B, kThreads, 0, s>>>(a); break;

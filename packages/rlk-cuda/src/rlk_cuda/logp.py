@@ -23,6 +23,16 @@ def _split(temperature: Temperature, device: int) -> tuple[Tensor | None, float]
     return None, float(temperature)
 
 
+def forward_segments(device: int, vocab: int) -> tuple[bool, int]:
+    """Whether the forward on `device` takes the bulk-copy path (logp_path), and its row
+    segments for `vocab` (scratch of 3 floats per row and segment when there is more than one,
+    or on the bulk-copy path)."""
+    ext = _ext.load()
+    tma = logp_path.use_tma(device)
+    return tma, int(ext.logp_forward_tma_segments(vocab) if tma
+                    else ext.logp_forward_segments(vocab))
+
+
 def launch_forward(
     logits: Tensor,
     tokens: Tensor | None,
@@ -32,13 +42,13 @@ def launch_forward(
     logp: Tensor | None,
     entropy: Tensor | None,
     lse: Tensor | None,
-    stats: Tensor | None,
 ) -> None:
     """Run the forward kernel into caller-provided outputs (None skips an output): float32,
-    but the float64 lse. `tokens` None computes statistics only (no row is skipped).
+    but the float64 lse. `tokens` None: no token is gathered (the entropy of every row).
 
-    RLK_CUDA_LOGP_FORWARD picks the kernel (logp_path); the sampler's statistics pass
-    comes through here too, so its logp keeps matching this forward bit for bit.
+    RLK_CUDA_LOGP_FORWARD picks the kernel (forward_segments); the sampler's statistics pass
+    takes the same choice (rlk_cuda.sample), so its logp keeps matching this forward bit for
+    bit.
     """
     device = device_of("logits", logits)
     code = dtype_code("logits", logits)
@@ -52,15 +62,11 @@ def launch_forward(
     if rows is not None:
         same_device("rows", rows, device)
         rows = rows.to(torch.int64).contiguous()
-    ext = _ext.load()
-    tma = logp_path.use_tma(device)
-    segments = int(
-        ext.logp_forward_tma_segments(vocab) if tma else ext.logp_forward_segments(vocab)
-    )
+    tma, segments = forward_segments(device, vocab)
     partial = None
     if tma or segments > 1:  # scratch for the rows' partial statistics, from torch's allocator
         partial = torch.empty(count * segments * 3, dtype=torch.float32, device=logits.device)
-    ext.logp_forward(
+    _ext.load().logp_forward(
         device=device,
         stream=stream(device),
         logits=ptr(logits),
@@ -78,7 +84,7 @@ def launch_forward(
         logp_stride=1 if logp is None else logp.stride(0),
         entropy=ptr(entropy),
         lse=ptr(lse),
-        stats=ptr(stats),
+        stats=0,
         nseg=segments,
         partial=ptr(partial),
         tma=tma,
@@ -101,7 +107,7 @@ def forward(
     entropy = f32_empty(count, device=device) if with_entropy else None
     lse = torch.empty(count, dtype=torch.float64, device=device)
     if count > 0:
-        launch_forward(logits, tokens, temperature, ignore_index, rows, logp, entropy, lse, None)
+        launch_forward(logits, tokens, temperature, ignore_index, rows, logp, entropy, lse)
     return logp, entropy, lse
 
 
@@ -234,7 +240,7 @@ def entropy_forward(
     lse = torch.empty(count, dtype=torch.float64, device=device)
     if count > 0:
         tokens, skip = _entropy_tokens(logits, mask)
-        launch_forward(logits, tokens, temperature, skip, rows, None, entropy, lse, None)
+        launch_forward(logits, tokens, temperature, skip, rows, None, entropy, lse)
     return entropy, lse
 
 

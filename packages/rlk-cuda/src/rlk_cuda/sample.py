@@ -1,7 +1,9 @@
 """The `sample` kernel: temperature, top-k, top-p and min-p from logits with per-row seeds.
 
-The first pass is this backend's logp forward kernel (statistics only), so the returned logp
-equals `logp(logits, tokens, temperature=T)` on this backend bit for bit.
+Its first pass is this backend's logp forward (statistics only, on the same kernel choice),
+so the returned logp equals `logp(logits, tokens, temperature=T)` on this backend bit for
+bit. Both passes launch from one extension call, into four allocations (the three outputs
+and one scratch buffer): at small batches the host path is the whole cost of a call.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from torch import Tensor
 
 from . import _ext
 from ._launch import device_of, dtype_code, f32_empty, ptr, rows_major, same_device, stream
-from .logp import launch_forward
+from .logp import forward_segments
 
 
 def sample(
@@ -24,17 +26,16 @@ def sample(
     logits = rows_major(logits)
     batch, vocab = logits.shape
     where = logits.device
-    tokens = torch.empty(batch, dtype=torch.int64, device=logits.device)
+    tokens = torch.empty(batch, dtype=torch.int64, device=where)
     logp = f32_empty(batch, device=where)
     processed = f32_empty(batch, device=where)
     if batch == 0:
         return tokens, logp, processed
-    greedy = not temperature > 0.0
-    stats = f32_empty(2, batch, device=where)
-    launch_forward(
-        logits, None, 1.0 if greedy else float(temperature), -100, None, None, None, None, stats
-    )
+    tma, segments = forward_segments(device, vocab)
+    # [2, B] row statistics, then the forward's [B, segments, 3] partial statistics
+    scratch = f32_empty(batch * (2 + 3 * segments), device=where)
     seeds = seeds.to(torch.int64).contiguous()
+    stats = ptr(scratch)
     _ext.load().sample(
         device=device,
         stream=stream(device),
@@ -48,7 +49,10 @@ def sample(
         top_p=float(top_p),
         min_p=float(min_p),
         seeds=ptr(seeds),
-        stats=ptr(stats),
+        stats=stats,
+        nseg=segments,
+        partial=stats + 4 * 2 * batch,
+        tma=tma,
         tokens=ptr(tokens),
         logp=ptr(logp),
         processed_logp=ptr(processed),

@@ -8,7 +8,7 @@ import argparse
 import torch
 
 import rlk
-from rlk import reference
+from rlk.ops.policy_loss import reference
 
 
 def main() -> None:

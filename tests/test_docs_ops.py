@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rlk.ops import OP_NAMES, specs
+from rlk.op_table import OP_NAMES, specs
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"

@@ -27,7 +27,7 @@ import torch
 import rlk
 from rlk.backend import drawn_logp
 from rlk.dispatch import get_dispatcher
-from rlk.ops.policy_loss import METRICS
+from rlk.ops.policy_loss.op import METRICS
 
 B, T, N, GROUP = 64, 4096, 8192, 16
 LEAD, VOCAB, SAMPLED = (4, 2048), 16, 64

@@ -19,8 +19,8 @@ import torch
 
 import rlk
 from rlk.bench.timing import host_and_wall_ms
-from rlk.ops.advantages_options import GroupAdvantagesOptions
-from rlk.ops.policy_loss_options import PolicyLossOptions
+from rlk.ops.group_advantages.options import GroupAdvantagesOptions
+from rlk.ops.policy_loss.options import PolicyLossOptions
 from rlk_cuda import advantages, policy_loss
 
 DEVICE = "cuda"

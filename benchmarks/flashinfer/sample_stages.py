@@ -17,7 +17,7 @@ import torch
 
 import rlk
 from rlk.bench.timing import host_and_wall_ms
-from rlk.ops.sample import drawn_logp
+from rlk.ops.sample.op import drawn_logp
 from rlk_flashinfer import kernel, sampler, shortlist
 
 DEVICE = torch.device("cuda")

@@ -230,7 +230,7 @@ def bench_sample(copy_gbs: float) -> None:
 
 
 def bench_group_advantages() -> None:
-    from rlk.ops.advantages_options import GroupAdvantagesOptions
+    from rlk.ops.group_advantages.options import GroupAdvantagesOptions
     from rlk_cuda import advantages
 
     grpo = GroupAdvantagesOptions()
@@ -249,7 +249,7 @@ def bench_group_advantages() -> None:
         },
     )
     try:
-        from rlk.native import advantages as native
+        from rlk.ops.group_advantages import native
     except ImportError as exc:
         record("group_advantages", "rlk native", shape, None, status="blocked", error=str(exc))
         return

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 import rlk
-from rlk.native import logp as native_logp
-from rlk.native import policy_loss as native_policy_loss
+from rlk.ops.logp import native as native_logp
+from rlk.ops.policy_loss import native as native_policy_loss
 
 RLK_PLUGIN_API = "1.0"
 calls: dict[str, int] = {"fast": 0, "check": 0, "with_grad": 0, "loss_backward": 0}
@@ -31,7 +31,7 @@ class Fast:
     def rlk_register(self, registry):
         registry.add_backend("fast", priority=50, version="1")
         registry.add_kernel("logp", "fast", "fake_plugins:fast_forward",
-                            backward="rlk.native.logp:backward", devices=("cpu",),
+                            backward="rlk.ops.logp.native:backward", devices=("cpu",),
                             dtypes=(torch.float32,), check=count_check,
                             properties=("batch_invariant",))
 
@@ -213,7 +213,7 @@ def _single_kernel_plugin(name: str, forward: str, *, backward: str | None = Non
 
 nobackward = _single_kernel_plugin("nobackward", "fake_plugins:fast_forward")
 float64 = _single_kernel_plugin("float64", "fake_plugins:float64_forward",
-                                backward="rlk.native.logp:backward")
+                                backward="rlk.ops.logp.native:backward")
 short = _single_kernel_plugin("short", "fake_plugins:short_forward")
 noneresult = _single_kernel_plugin("noneresult", "fake_plugins:none_forward")
 falsecheck = _single_kernel_plugin("falsecheck", "fake_plugins:fast_forward", check=false_check)

@@ -17,10 +17,10 @@ import pytest
 import torch
 
 import rlk
-from rlk import reference
-from rlk.ops import specs
-from rlk.ops.advantages_options import GroupAdvantagesOptions
-from rlk.ops.policy_loss_options import METRICS, PolicyLossOptions
+from rlk.op_table import specs
+from rlk.ops.group_advantages.options import GroupAdvantagesOptions
+from rlk.ops.policy_loss import reference
+from rlk.ops.policy_loss.options import METRICS, PolicyLossOptions
 from rlk.testing.compare import assert_bitwise_equal, assert_matches
 
 hypothesis = pytest.importorskip("hypothesis")

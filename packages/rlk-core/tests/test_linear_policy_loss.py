@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import rlk
-from rlk import reference
+from rlk.ops.policy_loss import reference
 
 GEN = torch.Generator().manual_seed(16)
 
@@ -181,7 +181,7 @@ def test_flat_hidden_and_upstream_gradient_scale():
 def test_a_kernels_scale_grads_scales_the_eager_backward(monkeypatch):
     """A kernel's optional forward.scale_grads gets the wanted gradients and the upstream
     gradient; an error there names the backend."""
-    from rlk.native import linear_policy_loss as native
+    from rlk.ops.linear_policy_loss import loop as native
 
     seen = []
 
@@ -217,7 +217,7 @@ def test_without_gradients_it_runs_the_forward_only(monkeypatch):
     data = _data()
     args = (data["hidden"], data["weight"], data["tokens"], data["old_logp"],
             data["advantages"], data["mask"])
-    from rlk.native import linear_policy_loss as native
+    from rlk.ops.linear_policy_loss import loop as native
 
     seen = []
     monkeypatch.setattr(native.LossGrads, "__call__",
@@ -353,8 +353,8 @@ def test_a_second_backward_of_one_call_raises():
 @pytest.mark.parametrize("name", ["ppo", "tis-k2", "cispo-k3+-divisor", "dual-clip-dr-grpo"])
 def test_whole_batch_and_per_token_gradients_agree_on_a_chunk(name):
     """GPU backends take the whole-batch kernel per chunk; native the per-token functions."""
-    from rlk.native.linear_policy_loss import LossGrads
-    from rlk.ops.policy_loss import POLICY_LOSS
+    from rlk.ops.linear_policy_loss.loop import LossGrads
+    from rlk.ops.policy_loss.op import POLICY_LOSS
 
     data = _data()
     options = _options(name, data)

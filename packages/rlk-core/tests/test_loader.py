@@ -118,7 +118,7 @@ def test_interrupted_load_leaves_nothing_half_loaded(use_plugins):
     rlk.logp(*_inputs())  # the next call loads everything again
     assert fake_plugins.calls["fast"] == before + 1
     assert {n: r.status for n, r in _records().items()} == {
-        "rlk.native.plugin": "loaded", "a_fast": "loaded", "m_interrupting": "loaded",
+        "rlk.native": "loaded", "a_fast": "loaded", "m_interrupting": "loaded",
         "z_picky": "loaded"}
 
 

@@ -10,8 +10,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import rlk
 from rlk.backend import drawn_logp
 from rlk.dispatch import captured_policy
-from rlk.ops.logp import LOGP
-from rlk.ops.sample import SAMPLE
+from rlk.ops.logp.op import LOGP
+from rlk.ops.sample.op import SAMPLE
 
 GEN = torch.Generator().manual_seed(11)
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import rlk
-from rlk import reference
+from rlk.ops.policy_loss import reference
 
 GEN = torch.Generator().manual_seed(7)
 
@@ -172,7 +172,7 @@ def test_chunking_does_not_change_results(fresh_rlk):
     logits, tokens = _data(64, vocab=4096)
     whole = rlk.logp_entropy(logits, tokens)
     fresh_rlk.setenv("RLK_NATIVE_CHUNK_MB", "0.1")  # ~2 rows per chunk
-    from rlk.native.chunks import rows_per_chunk
+    from rlk._runtime.chunks import rows_per_chunk
 
     assert rows_per_chunk(4096, 3) == 2
     chunked = rlk.logp_entropy(logits, tokens)
@@ -209,7 +209,7 @@ def test_import_loads_no_plugin():
         "import sys, rlk\n"
         "from rlk import dispatch\n"
         "assert dispatch._dispatcher is None\n"
-        "assert 'rlk.native.plugin' not in sys.modules\n"
+        "assert 'rlk.native' not in sys.modules\n"
         "assert not [m for m in sys.modules if m.startswith('rlk_')]\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import rlk
-from rlk import reference
+from rlk.ops.policy_loss import reference
 
 GEN = torch.Generator().manual_seed(11)
 
@@ -144,7 +144,7 @@ def test_k_tokens_are_refused_by_logp_entropy_and_declined_by_one_token_backends
     index = torch.zeros(3, 2, dtype=torch.int64)
     with pytest.raises(ValueError, match=r"tokens must have shape \(3,\)"):
         rlk.logp_entropy(logits, index)
-    from rlk.ops.logp import one_token_per_row
+    from rlk.ops.logp.op import one_token_per_row
 
     assert one_token_per_row(tokens=index.reshape(3, 2)) is not None
     assert one_token_per_row(tokens=index[:, 0]) is None

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import rlk
-from rlk import reference
-from rlk.ops.temperature import MIN_TEMPERATURE, SHIFT_BELOW, overflow_safe
+from rlk._runtime.temperature import MIN_TEMPERATURE, SHIFT_BELOW, overflow_safe
+from rlk.ops.policy_loss import reference
 
 GEN = torch.Generator().manual_seed(19)
 # the documented gradient tolerance (docs/ops/logp.md): |got - want| <= atol + rtol |want|

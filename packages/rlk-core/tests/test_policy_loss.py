@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import rlk
-from rlk import reference
 from rlk.dispatch import captured_policy
-from rlk.native import policy_loss as native_policy_loss
-from rlk.ops.policy_loss import POLICY_LOSS
-from rlk.ops.policy_loss_options import METRICS, PolicyLossOptions
+from rlk.ops.policy_loss import native as native_policy_loss
+from rlk.ops.policy_loss import reference
+from rlk.ops.policy_loss.op import POLICY_LOSS
+from rlk.ops.policy_loss.options import METRICS, PolicyLossOptions
 from rlk.testing.compare import assert_matches
 
 GEN = torch.Generator().manual_seed(3)

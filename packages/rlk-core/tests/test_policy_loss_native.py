@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlk.native import policy_loss as native
-from rlk.ops.policy_loss_options import METRICS, PolicyLossOptions
+from rlk.ops.policy_loss import native
+from rlk.ops.policy_loss.options import METRICS, PolicyLossOptions
 
 GEN = torch.Generator().manual_seed(11)
 B, T = 6, 10

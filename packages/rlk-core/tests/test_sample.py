@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import rlk
-from rlk import reference
-from rlk.ops import sample as sample_op
+from rlk.ops.policy_loss import reference
+from rlk.ops.sample import op as sample_op
 
 GEN = torch.Generator().manual_seed(23)
 
@@ -136,7 +136,7 @@ def test_leading_dimensions_and_empty_input():
 
 
 def test_hash_uniforms_are_uniform_and_seed_sensitive():
-    from rlk.native.sample import uniforms
+    from rlk.ops.sample.native import uniforms
 
     u = uniforms(torch.tensor([0, 1, -1, 2**62]), 50_000)
     assert ((u > 0) & (u < 1)).all()
@@ -194,7 +194,7 @@ def test_outputs_carry_no_autograd_history():
 
 
 def test_uniforms_stay_strictly_inside_the_unit_interval():
-    from rlk.native.sample import unit_interval
+    from rlk.ops.sample.native import unit_interval
 
     extremes = unit_interval(torch.tensor([0, 1, 511, 512, 2**32 - 512, 2**32 - 1]))
     assert bool((extremes > 0).all()) and bool((extremes < 1).all())

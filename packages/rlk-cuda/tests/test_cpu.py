@@ -169,7 +169,7 @@ def test_chunk_budget_must_be_positive(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_policy_loss_settings_struct_takes_every_option_by_name() -> None:
     """The options reach the kernel as a struct with named fields, one per option."""
-    from rlk.ops.policy_loss_options import PolicyLossOptions
+    from rlk.ops.policy_loss.options import PolicyLossOptions
 
     from rlk_cuda import policy_loss
 
@@ -210,8 +210,8 @@ def test_every_kernel_binding_takes_arguments_by_name_only(name: str) -> None:
 
 @no_cuda
 def test_policy_loss_and_advantages_on_cpu_tensors_need_a_device() -> None:
-    from rlk.ops.advantages_options import GroupAdvantagesOptions
-    from rlk.ops.policy_loss_options import PolicyLossOptions
+    from rlk.ops.group_advantages.options import GroupAdvantagesOptions
+    from rlk.ops.policy_loss.options import PolicyLossOptions
 
     from rlk_cuda import advantages, policy_loss
 

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 import torch
-from rlk import reference
-from rlk.native import advantages as native
-from rlk.ops import specs
-from rlk.ops.advantages_options import GroupAdvantagesOptions
+from rlk.op_table import specs
+from rlk.ops.group_advantages import native
+from rlk.ops.group_advantages.options import GroupAdvantagesOptions
+from rlk.ops.policy_loss import reference
 from rlk.testing.poison import poisoned_allocations
 
 from rlk_cuda.advantages import forward

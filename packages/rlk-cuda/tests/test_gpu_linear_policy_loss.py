@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import rlk
 import torch
-from rlk import reference
+from rlk.ops.policy_loss import reference
 
 pytestmark = pytest.mark.gpu
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import rlk
 import torch
-from rlk.ops.temperature import MIN_TEMPERATURE
+from rlk._runtime.temperature import MIN_TEMPERATURE
 from rlk.testing.poison import poisoned_allocations
 from tests_reference import logp_entropy, logp_entropy_grad
 

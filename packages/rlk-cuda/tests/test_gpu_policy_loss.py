@@ -7,11 +7,10 @@ from typing import Any
 import pytest
 import rlk
 import torch
-from rlk import reference
-from rlk.native import policy_loss as native
-from rlk.ops import specs
-from rlk.ops.policy_loss_options import METRICS, PolicyLossOptions
-from rlk.ops.spec import Tolerance
+from rlk._runtime.spec import Tolerance
+from rlk.op_table import specs
+from rlk.ops.policy_loss import native, reference
+from rlk.ops.policy_loss.options import METRICS, PolicyLossOptions
 from rlk.testing.compare import assert_matches
 from rlk.testing.poison import poisoned_allocations
 

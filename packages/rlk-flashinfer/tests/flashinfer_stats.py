@@ -1,4 +1,5 @@
-"""The chi-square test shared by the CPU and GPU tests (the float64 reference is rlk.reference)."""
+"""The chi-square test shared by the CPU and GPU tests (the float64 reference is
+rlk.ops.sample.reference)."""
 
 from __future__ import annotations
 

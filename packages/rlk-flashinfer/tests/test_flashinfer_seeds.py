@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlk.ops.sample import _mix64
+from rlk.ops.sample.op import _mix64
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")

@@ -13,16 +13,16 @@ from rlk.errors import BackendUnavailableError, KernelError, PluginError
 from rlk.hookspec import API_VERSION as PLUGIN_API_VERSION
 from rlk.hookspec import hookimpl
 from rlk.introspect import BackendInfo, backends, explain
-from rlk.ops.advantages import group_advantages
-from rlk.ops.advantages_options import GroupAdvantagesOptions
-from rlk.ops.entropy import entropy
-from rlk.ops.linear_logp import linear_logp, linear_logp_entropy
-from rlk.ops.linear_policy_loss import linear_policy_loss
-from rlk.ops.logp import logp, logp_entropy
-from rlk.ops.policy_loss import policy_loss
-from rlk.ops.policy_loss_options import PolicyLossOptions
-from rlk.ops.sample import Sampled, sample
-from rlk.ops.token_kl import token_kl
+from rlk.ops.entropy.op import entropy
+from rlk.ops.group_advantages.op import group_advantages
+from rlk.ops.group_advantages.options import GroupAdvantagesOptions
+from rlk.ops.linear_logp.op import linear_logp, linear_logp_entropy
+from rlk.ops.linear_policy_loss.op import linear_policy_loss
+from rlk.ops.logp.op import logp, logp_entropy
+from rlk.ops.policy_loss.op import policy_loss
+from rlk.ops.policy_loss.options import PolicyLossOptions
+from rlk.ops.sample.op import Sampled, sample
+from rlk.ops.token_kl.op import token_kl
 from rlk.version import __version__
 
 __all__ = [

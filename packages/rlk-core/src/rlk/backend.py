@@ -48,15 +48,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rlk import lm_head, shards
+from rlk._runtime import lm_head, shards
+from rlk._runtime.contract import BoundKernel
+from rlk._runtime.temperature import Temperature, overflow_safe
+from rlk._runtime.validate import FLOATS as FLOAT_DTYPES
 from rlk.errors import KernelError
 from rlk.hookspec import API_VERSION, HookSpecs, hookimpl
-from rlk.native import linear_policy_loss as linear_policy_loop
-from rlk.ops import specs
-from rlk.ops.advantages_options import BASELINES, NORMALIZATIONS, GroupAdvantagesOptions
-from rlk.ops.contract import BoundKernel
-from rlk.ops.logp import one_token_per_row
-from rlk.ops.policy_loss_options import (
+from rlk.op_table import specs
+from rlk.ops.group_advantages.options import BASELINES, NORMALIZATIONS, GroupAdvantagesOptions
+from rlk.ops.linear_policy_loss import loop as linear_policy_loop
+from rlk.ops.logp.op import one_token_per_row
+from rlk.ops.policy_loss.options import (
     AGGREGATIONS,
     KL_ESTIMATORS,
     METRICS,
@@ -64,9 +66,7 @@ from rlk.ops.policy_loss_options import (
     RATIO_LEVELS,
     PolicyLossOptions,
 )
-from rlk.ops.sample import drawn_logp
-from rlk.ops.temperature import Temperature, overflow_safe
-from rlk.ops.validate import FLOATS as FLOAT_DTYPES
+from rlk.ops.sample.op import drawn_logp
 from rlk.registry import Check, Probe, Registry
 
 # --- declaring a backend -----------------------------------------------------------------

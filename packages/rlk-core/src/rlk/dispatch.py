@@ -21,7 +21,7 @@ import torch
 from rlk.config import env_flag, env_names
 from rlk.errors import BackendUnavailableError
 from rlk.names import did_you_mean, listing
-from rlk.ops import OP_NAMES
+from rlk.op_table import OP_NAMES
 from rlk.plugins import BLOCKED, DUPLICATE, FAILED, PluginLoader, failed_plugins
 from rlk.registry import Kernel, Registry, as_names, verdict
 

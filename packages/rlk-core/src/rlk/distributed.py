@@ -7,15 +7,13 @@ on the concatenated logits, forward and backward, to float32 rounding. Every ran
 pass the same tokens, temperature and upstream gradient. `rlk.linear_logp(..., group=)`
 does the same from a sharded LM head. These are the ops `distributed_logp` and
 `distributed_logp_entropy` (`rlk.explain`, the conformance kit); the shard math they share
-with backends is in rlk.shards (for plugins: rlk.backend).
+with backends is in rlk._runtime.shards (for plugins: rlk.backend).
 """
 
 from __future__ import annotations
 
-from rlk.ops.distributed_logp import logp, logp_entropy
-
 # Plugins written for plugin API 1.0 found the shard helpers here; rlk.backend has them now.
-from rlk.shards import (
+from rlk._runtime.shards import (
     KERNEL_BAD,
     KERNEL_IGNORE,
     Layout,
@@ -25,6 +23,7 @@ from rlk.shards import (
     merge,
     padded,
 )
+from rlk.ops.distributed_logp.op import logp, logp_entropy
 
 __all__ = [
     "KERNEL_BAD",

@@ -32,7 +32,7 @@ from rlk.version import __version__
 from rlk.watchdog import warn_if_slow
 
 ENTRY_POINT_GROUP = "rlk.backends"
-BUILTIN_PLUGINS = ("rlk.native.plugin",)
+BUILTIN_PLUGINS = ("rlk.native",)
 LOADED, FAILED, BLOCKED, DUPLICATE = "loaded", "failed", "blocked", "duplicate"
 # what importlib can load: a dotted module, optionally ":attr.path", optionally "[extras]"
 _VALID_TARGET = re.compile(r"^\s*[\w.]+\s*(:\s*[\w.]+\s*)?(\[[^\]]*\])?\s*$")

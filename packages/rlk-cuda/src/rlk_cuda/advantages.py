@@ -20,8 +20,9 @@ from ._launch import device_of, ptr, same_device, stream
 def forward(rewards: Tensor, group_ids: Tensor | None, group_size: int, num_groups: int,
             options: GroupAdvantagesOptions) -> Tensor:
     """Reward minus the group (or leave-one-out) mean, optionally over the group's or the
-    batch's sample std; see rlk.native.advantages for the conventions (constant groups give
-    exactly 0, groups of one, NaN rewards). `group_ids`: ids in [0, num_groups), any order."""
+    batch's sample std; see rlk.ops.group_advantages.native for the conventions (constant
+    groups give exactly 0, groups of one, NaN rewards). `group_ids`: ids in [0, num_groups),
+    any order."""
     device = device_of("rewards", rewards)
     if rewards.dtype != torch.float32 or not rewards.is_contiguous():
         rewards = rewards.to(torch.float32).contiguous()

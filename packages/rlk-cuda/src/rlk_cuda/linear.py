@@ -1,14 +1,14 @@
 """linear_logp / linear_logp_entropy: cuBLAS GEMMs through torch, rlk kernels between them.
 
-Logits chunks are float32 (rlk.lm_head: a float32-output GEMM of the inputs' dtype).
+Logits chunks are float32 (rlk.backend.lm_head: a float32-output GEMM of the inputs' dtype).
 Forward: vocabulary chunks of `hidden @ weight.T` over all rows, each reduced to partial
 softmax statistics by a kernel that overlaps the next chunk's GEMM, then merged in order.
 Backward: vocabulary chunks over all rows. Each chunk's logits are recomputed, the logp backward
 kernel turns them into their gradient in the GEMM input dtype, and two GEMMs consume it:
 grad_hidden accumulates in float32 across chunks, and grad_weight[chunk] comes from one GEMM over
 all rows (float32 accumulation inside cuBLAS), so no float32 copy of the weight ever exists.
-Soft-capping (rlk.lm_head's contract) adds one in-place pass over each chunk, and one more for
-its chain rule in the backward.
+Soft-capping (rlk.backend.lm_head's contract) adds one in-place pass over each chunk, and one more
+for its chain rule in the backward.
 
 Vocabulary parallelism (group=): `weight` and `bias` are this rank's slice of the vocabulary.
 Both passes run on the shard with the shard-local token codes of rlk.backend.shards, whose helpers
@@ -128,7 +128,7 @@ def _shard_forward(
 ) -> tuple[Tensor, Tensor | None, Tensor]:
     """(logp, entropy, lse) over the vocabulary `weight` holds; tokens index that vocabulary.
 
-    `temperature` is the kernels' (rlk.lm_head.kernel_temperature).
+    `temperature` is the kernels' (rlk.backend.lm_head.kernel_temperature).
     """
     num, vocab = hidden.shape[0], weight.shape[0]
     device = hidden.device

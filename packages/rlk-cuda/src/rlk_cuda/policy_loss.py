@@ -5,7 +5,7 @@ Backward: per-sequence counts and statistics, then the gradient. `forward.with_g
 optional kernel entry rlk's eager path uses when logp requires grad) does both in one call and
 three launches, the backward's statistics summed by the forward's pass. Every input is read in
 its own dtype (no conversion launches); the gradient is written in logp's dtype, or float32 at
-upstream 1 by `with_grad`. The math follows rlk.native.policy_loss; masked tokens are never
+upstream 1 by `with_grad`. The math follows rlk.ops.policy_loss.native; masked tokens are never
 used, so NaN or inf there is harmless.
 """
 

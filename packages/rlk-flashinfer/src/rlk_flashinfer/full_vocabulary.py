@@ -10,8 +10,8 @@ the chunk's own weights pick a token (rlk_flashinfer.draw.pick, exact, twice).
 With filters, one program per row finds the kept set's bounds on the logits themselves, by
 bisection on order keys (rlk_flashinfer.draw.key), one pass over the row per step: the
 k-th largest logit (count of logits at or above a key), then the top-p cut (their mass),
-as rlk.reference does, ties kept together; min-p is a test per logit. Then one pass writes
-the kept set's chunk statistics over the row's own, and the same two-level draw follows.
+as rlk.ops.sample.reference does, ties kept together; min-p is a test per logit. Then one pass
+writes the kept set's chunk statistics over the row's own, and the same two-level draw follows.
 Such rows cost tens of passes over their logits, from L2, by one program each: the price
 of needing no host sync to find them (see docs/decisions.md).
 """

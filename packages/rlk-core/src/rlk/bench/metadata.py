@@ -44,7 +44,7 @@ def device_info(device: torch.device) -> dict[str, Any]:
     if device.type != "cuda":
         return {"type": "cpu", "name": platform.processor() or platform.machine(),
                 "threads": torch.get_num_threads()}
-    from rlk.cli.environment import gpus
+    from rlk.environment import gpus
 
     index = device.index if device.index is not None else torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)

@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from rlk.cli import environment, findings, matrix, smoke
+from rlk import environment
+from rlk.cli import findings, matrix, smoke
 from rlk.config import env_names
 from rlk.dispatch import Dispatcher, get_dispatcher
 from rlk.introspect import backend_records

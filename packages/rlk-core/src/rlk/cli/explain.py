@@ -11,7 +11,7 @@ import torch
 from rlk import config
 from rlk.cli.devices import available
 from rlk.dispatch import current_policy, get_dispatcher
-from rlk.ops import specs
+from rlk.op_table import specs
 
 
 def explain_shape(op: str, shape: list[int], dtype: torch.dtype,

@@ -6,9 +6,9 @@ from typing import Any
 
 import torch
 
+from rlk._runtime.spec import OpSpec
 from rlk.dispatch import current_policy, get_dispatcher
-from rlk.ops import specs
-from rlk.ops.spec import OpSpec
+from rlk.op_table import specs
 
 
 def representative_dtype(spec: OpSpec, device: torch.device) -> torch.dtype:

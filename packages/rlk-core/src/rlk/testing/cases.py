@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
+from rlk._runtime.contract import BoundKernel
+from rlk._runtime.spec import OpSpec, Sample
 from rlk.dispatch import get_dispatcher
-from rlk.ops import specs
-from rlk.ops.contract import BoundKernel
-from rlk.ops.spec import OpSpec, Sample
+from rlk.op_table import specs
 from rlk.registry import Kernel
 
 

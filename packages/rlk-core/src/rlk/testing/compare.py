@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rlk.ops.spec import Tolerance
+from rlk._runtime.spec import Tolerance
 
 
 def assert_matches(name: str, actual: torch.Tensor, expected: torch.Tensor,

@@ -14,7 +14,7 @@ import torch
 
 import rlk
 from rlk.dispatch import get_dispatcher
-from rlk.ops import specs
+from rlk.op_table import specs
 from rlk.registry import verdict
 from rlk.testing.cases import Case, backend_kernels
 from rlk.testing.compare import assert_bitwise_equal, assert_matches

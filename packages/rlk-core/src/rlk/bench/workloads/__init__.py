@@ -7,7 +7,11 @@ measured what matters most.
 from __future__ import annotations
 
 from rlk.bench.workload import Workload
-from rlk.bench.workloads import linear, linear_loss, logp, losses, sampling
+from rlk.bench.workloads import linear_logp as linear
+from rlk.bench.workloads import linear_policy_loss as linear_loss
+from rlk.bench.workloads import logp
+from rlk.bench.workloads import policy_loss as losses
+from rlk.bench.workloads import sample as sampling
 
 ORDER = ("logp", "logp-bwd", "linear-logp", "linear-policy-loss", "sample", "logp-entropy",
          "policy-loss", "group-advantages", "logp-native")

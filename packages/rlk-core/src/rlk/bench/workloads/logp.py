@@ -15,7 +15,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlk import reference
 from rlk.bench import checks, peers
 from rlk.bench.workload import (
     FORWARD,
@@ -33,6 +32,7 @@ from rlk.bench.workload import (
     grads,
     rlk_function,
 )
+from rlk.ops.policy_loss import reference
 
 V32K, V128K, V152K, V256K = 32768, 128256, 151936, 256000
 VOCABULARIES = (V32K, V128K, V152K, V256K)

@@ -1,1 +1,0 @@
-"""The built-in backend: pure PyTorch, every device, lowest priority, bounded memory."""

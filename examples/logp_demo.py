@@ -8,7 +8,7 @@ import argparse
 import torch
 
 import rlk
-from rlk.ops.policy_loss import reference
+from rlk.ops.logp import reference
 
 
 def main() -> None:

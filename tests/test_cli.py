@@ -69,7 +69,7 @@ def test_explain_refuses_shapes_and_devices_it_cannot_mean(fresh_rlk, capsys):
 
 
 def test_explain_help_lists_every_op_shape(capsys):
-    from rlk.op_table import specs
+    from rlk._runtime.spec import specs
 
     with pytest.raises(SystemExit):
         main(["explain", "--help"])

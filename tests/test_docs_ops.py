@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rlk.op_table import OP_NAMES, specs
+from rlk._runtime.spec import specs
+from rlk.op_table import OP_NAMES
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"

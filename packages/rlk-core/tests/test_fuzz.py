@@ -17,10 +17,16 @@ import pytest
 import torch
 
 import rlk
-from rlk.op_table import specs
+from rlk._runtime.spec import specs
+from rlk.ops.entropy import reference as entropy_reference
+from rlk.ops.group_advantages import reference as group_advantages_reference
 from rlk.ops.group_advantages.options import GroupAdvantagesOptions
-from rlk.ops.policy_loss import reference
+from rlk.ops.linear_logp import reference as linear_logp_reference
+from rlk.ops.linear_policy_loss import reference as linear_policy_loss_reference
+from rlk.ops.logp import reference
+from rlk.ops.policy_loss import reference as policy_loss_reference
 from rlk.ops.policy_loss.options import METRICS, PolicyLossOptions
+from rlk.ops.sample import reference as sample_reference
 from rlk.testing.compare import assert_bitwise_equal, assert_matches
 
 hypothesis = pytest.importorskip("hypothesis")
@@ -210,7 +216,7 @@ def test_entropy_against_float64(call):
         flat = flat[select]
         temp = temp[select] if isinstance(temp, torch.Tensor) else temp
         flat_mask = None if flat_mask is None else flat_mask[select]
-    want = reference.entropy(flat, temperature=temp, mask=flat_mask)
+    want = entropy_reference.entropy(flat, temperature=temp, mask=flat_mask)
     assert_matches("entropy", got.reshape(-1), want, spec.tolerances[logits.dtype])
 
 
@@ -255,15 +261,15 @@ def test_linear_family_against_float64(with_entropy, call):
     _unchanged(before, hidden=leaves[0], weight=leaves[1], bias=leaves[2], tokens=tokens,
                temperature=temperature)
     temp = _per_row(temperature, tuple(tokens.shape))
-    want = reference.linear_logp_entropy(hidden, weight, tokens, bias=bias, temperature=temp,
-                                         **head)
+    want = linear_logp_reference.linear_logp_entropy(hidden, weight, tokens, bias=bias,
+                                                     temperature=temp, **head)
     for name, got, truth in zip(("logp", "entropy"), outputs, want, strict=False):
         assert_matches(name, got, truth, spec.tolerances[hidden.dtype])
     if hidden.shape[0] == 0:
         return
     wanted = [leaf for leaf in leaves if leaf is not None]
     upstream, got_grads = _grads(outputs, wanted, seed=5)
-    expected = reference.linear_logp_entropy_grad(
+    expected = linear_logp_reference.linear_logp_entropy_grad(
         hidden, weight, tokens, upstream[0], upstream[1] if with_entropy else None, bias=bias,
         temperature=temp, **head)
     assert spec.grad_tolerances is not None
@@ -361,7 +367,8 @@ def test_policy_loss_against_float64(call, data):
     loss, metrics = rlk.policy_loss(leaf, options=options, **tensors)
     _unchanged(before, logp=leaf, **tensors)
     truth_leaf = logp.double().requires_grad_(True)
-    want_loss, want_metrics = reference.policy_loss(truth_leaf, options=options, **tensors)
+    want_loss, want_metrics = policy_loss_reference.policy_loss(truth_leaf, options=options,
+                                                                **tensors)
     tolerance = spec.tolerances[torch.float32]
     assert_matches("loss", loss, want_loss, tolerance)
     got_metrics = torch.stack([metrics[name] for name in METRICS])
@@ -403,7 +410,7 @@ def test_linear_policy_loss_against_float64(call, entropy_coef):
         leaves[0].reshape(batch, length, hidden.shape[-1]), leaves[1], shaped, bias=leaves[2],
         temperature=temp, entropy_coef=entropy_coef, options=options, **head, **tensors)
     _unchanged(before, hidden=leaves[0], weight=leaves[1], tokens=tokens, **tensors)
-    want_loss, want_metrics, want_logp = reference.linear_policy_loss(
+    want_loss, want_metrics, want_logp = linear_policy_loss_reference.linear_policy_loss(
         hidden, weight, tokens, bias=bias, temperature=_per_row(temperature, (batch * length,)),
         entropy_coef=entropy_coef, options=options, **head, **tensors)
     assert_matches("loss", loss, want_loss, spec.tolerances[hidden.dtype])
@@ -415,7 +422,7 @@ def test_linear_policy_loss_against_float64(call, entropy_coef):
     got_grads = torch.autograd.grad(loss, wanted)
     truths = [t.detach().double().requires_grad_(True) for t in (hidden, weight, bias)
               if t is not None]
-    truth_loss, _, _ = reference.linear_policy_loss(
+    truth_loss, _, _ = linear_policy_loss_reference.linear_policy_loss(
         truths[0], truths[1], tokens, bias=truths[2] if bias is not None else None,
         temperature=_per_row(temperature, (batch * length,)), entropy_coef=entropy_coef,
         options=options, **head, **tensors)
@@ -476,7 +483,7 @@ def test_group_advantages_against_float64(call):
     before = _snapshot(rewards=rewards, ids=ids)
     got = rlk.group_advantages(rewards, options=options, **grouping)
     _unchanged(before, rewards=rewards, ids=ids)
-    want = reference.group_advantages(rewards, ids, options=options)
+    want = group_advantages_reference.group_advantages(rewards, ids, options=options)
     assert_matches("advantages", got, want,
                    specs()["group_advantages"].tolerances[torch.float32])
 
@@ -518,7 +525,7 @@ def test_sample_draws_from_the_reference_distribution(call):
     before = _snapshot(logits=logits, seed=seed)
     tokens, logp, processed = rlk.sample(logits, seed=seed, **options)
     _unchanged(before, logits=logits, seed=seed)
-    truth = reference.sample_log_probs(logits, **options)
+    truth = sample_reference.sample_log_probs(logits, **options)
     for row in range(logits.shape[0]):
         if bool(truth[row].isnan().all()):
             assert tokens[row] == -1 and logp[row].isnan() and processed[row].isnan()

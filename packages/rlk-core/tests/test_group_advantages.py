@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import rlk
+from rlk.ops.group_advantages import reference
 from rlk.ops.group_advantages.options import GroupAdvantagesOptions
-from rlk.ops.policy_loss import reference
 
 GEN = torch.Generator().manual_seed(5)
 

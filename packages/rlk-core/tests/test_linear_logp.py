@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import rlk
-from rlk.ops.policy_loss import reference
+from rlk.ops.linear_logp import reference
 
 GEN = torch.Generator().manual_seed(11)
 

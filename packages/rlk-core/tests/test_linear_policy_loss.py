@@ -6,7 +6,9 @@ import pytest
 import torch
 
 import rlk
-from rlk.ops.policy_loss import reference
+from rlk.ops.linear_logp import reference as linear_logp_reference
+from rlk.ops.linear_policy_loss import reference
+from rlk.ops.policy_loss import reference as policy_loss_reference
 
 GEN = torch.Generator().manual_seed(16)
 
@@ -15,7 +17,7 @@ def _data(batch=3, length=6, width=16, vocab=50, dtype=torch.float32, per_token=
     hidden = torch.randn(batch, length, width, generator=GEN).to(dtype)
     weight = (torch.randn(vocab, width, generator=GEN) * 2 / width**0.5).to(dtype)
     tokens = torch.randint(0, vocab, (batch, length), generator=GEN)
-    logp = reference.linear_logp_entropy(hidden.reshape(-1, width), weight,
+    logp = linear_logp_reference.linear_logp_entropy(hidden.reshape(-1, width), weight,
                                          tokens.reshape(-1))[0].view(batch, length)
     old = (logp + torch.randn(batch, length, generator=GEN) * 0.2).float()
     adv_shape = (batch, length) if per_token else (batch,)
@@ -76,7 +78,7 @@ def _unfused(data, options, hidden, weight, entropy_coef=0.0):
     loss, metrics = rlk.policy_loss(logp, data["old_logp"], data["advantages"], data["mask"],
                                     **options)
     if entropy_coef:
-        loss = loss - entropy_coef * reference._aggregate(
+        loss = loss - entropy_coef * policy_loss_reference.aggregate(
             entropy, data["mask"] != 0, rlk.PolicyLossOptions(agg=options.get("agg",
                                                                                "token-mean")))
     return loss, metrics, logp
@@ -181,7 +183,7 @@ def test_flat_hidden_and_upstream_gradient_scale():
 def test_a_kernels_scale_grads_scales_the_eager_backward(monkeypatch):
     """A kernel's optional forward.scale_grads gets the wanted gradients and the upstream
     gradient; an error there names the backend."""
-    from rlk.ops.linear_policy_loss import loop as native
+    from rlk.ops.linear_policy_loss import native
 
     seen = []
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import rlk
-from rlk.ops.policy_loss import reference
+from rlk.ops.logp import reference
 
 GEN = torch.Generator().manual_seed(7)
 

@@ -9,7 +9,7 @@ import torch
 
 import rlk
 from rlk._runtime.temperature import MIN_TEMPERATURE, SHIFT_BELOW, overflow_safe
-from rlk.ops.policy_loss import reference
+from rlk.ops.logp import reference
 
 GEN = torch.Generator().manual_seed(19)
 # the documented gradient tolerance (docs/ops/logp.md): |got - want| <= atol + rtol |want|

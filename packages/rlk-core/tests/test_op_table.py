@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 import rlk
-from rlk.op_table import OP_NAMES, SPECS, specs
+from rlk._runtime.spec import specs
+from rlk.op_table import OP_NAMES, SPECS
 
 ROOT = Path(rlk.__file__).parent
 # Files that may name ops: the op table, each op's own modules, the public exports, and
@@ -44,3 +45,27 @@ def test_only_an_ops_own_files_name_it():
             if isinstance(node, ast.Constant) and node.value in OP_NAMES:
                 found.append(f"{relative}:{node.lineno} names op {node.value!r}")
     assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_each_op_lives_in_its_own_folder(name):
+    """An op's spec sits in rlk/ops/<op>/op.py; an `_entropy` variant shares the folder of
+    the op it extends."""
+    module = SPECS[name].partition(":")[0]
+    folder = name.removesuffix("_entropy")
+    assert module == f"rlk.ops.{folder}.op", (name, module)
+    assert specs()[name].native.forward.startswith(f"rlk.ops.{folder}.native:"), \
+        "its native kernel sits beside it"
+
+
+def test_bench_workloads_are_named_after_the_ops_they_measure():
+    from rlk.bench.workloads import MODULES, WORKLOADS
+
+    folders = {name.removesuffix("_entropy") for name in OP_NAMES}
+    for module in MODULES:
+        assert module.__name__.rpartition(".")[2] in folders, module.__name__
+    for workload in WORKLOADS.values():
+        assert workload.op in OP_NAMES, (workload.name, workload.op)
+        owner = next(m for m in MODULES if workload in m.WORKLOADS)
+        assert owner.__name__.endswith("." + workload.op.removesuffix("_entropy")), \
+            (workload.name, owner.__name__)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import rlk
-from rlk.ops.policy_loss import reference
 from rlk.ops.sample import op as sample_op
+from rlk.ops.sample import reference
 
 GEN = torch.Generator().manual_seed(23)
 

@@ -6,10 +6,9 @@ from typing import Any
 
 import pytest
 import torch
-from rlk.op_table import specs
-from rlk.ops.group_advantages import native
+from rlk._runtime.spec import specs
+from rlk.ops.group_advantages import native, reference
 from rlk.ops.group_advantages.options import GroupAdvantagesOptions
-from rlk.ops.policy_loss import reference
 from rlk.testing.poison import poisoned_allocations
 
 from rlk_cuda.advantages import forward

@@ -69,7 +69,7 @@ def test_float32_logits_put_logp_and_entropy_within_1e4_of_float64(
 ) -> None:
     """Issue #16's precision target (bf16 logits chunks were 0.02 off at these logits)."""
     import rlk
-    from rlk.ops.policy_loss import reference
+    from rlk.ops.linear_logp import reference
 
     hidden, weight, tokens = _head(512, 1024, 32768, dtype)
     with rlk.use_backends("cuda", strict=True):
@@ -136,7 +136,7 @@ def test_softcap_temperature_and_scale_through_the_public_op(
     monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
 ) -> None:
     import rlk
-    from rlk.ops.policy_loss import reference
+    from rlk.ops.linear_logp import reference
 
     monkeypatch.setenv("RLK_CUDA_CHUNK_MB", "0.25")
     hidden, weight, tokens = _head(200, 64, 3001, dtype, std=8.0)

@@ -90,7 +90,7 @@ def _check_kernels(
     temperature: float | Tensor,
 ) -> None:
     """rlk_cuda.linear forward/backward on this rank's shard against the float64 reference."""
-    from rlk.ops.policy_loss import reference
+    from rlk.ops.linear_logp import reference
     from rlk.testing.poison import poisoned_allocations
 
     from rlk_cuda import linear
@@ -149,7 +149,7 @@ def _check_kernels(
 
 def _check_out_of_range(data: dict[str, Tensor], lo: int, hi: int, group: object) -> None:
     """Tokens outside the group's vocabulary give NaN logp; the entropy stays defined."""
-    from rlk.ops.policy_loss import reference
+    from rlk.ops.linear_logp import reference
 
     from rlk_cuda import linear
 
@@ -171,7 +171,7 @@ def _check_out_of_range(data: dict[str, Tensor], lo: int, hi: int, group: object
 def _check_public_api(data: dict[str, Tensor], lo: int, hi: int, group: object) -> None:
     """rlk.linear_logp_entropy(group=) selects this backend and its autograd matches."""
     import rlk
-    from rlk.ops.policy_loss import reference
+    from rlk.ops.linear_logp import reference
 
     hidden, weight, bias = data["hidden"], data["weight"], data["bias"]
     tokens, temperature = data["tokens"], data["temperature"]

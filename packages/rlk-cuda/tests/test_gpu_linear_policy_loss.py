@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import rlk
 import torch
-from rlk.ops.policy_loss import reference
+from rlk.ops.linear_logp import reference as linear_logp_reference
+from rlk.ops.linear_policy_loss import reference
 
 pytestmark = pytest.mark.gpu
 
@@ -27,7 +28,7 @@ def _data(batch: int, length: int, width: int, vocab: int, dtype: torch.dtype, s
     weight = (torch.randn(vocab, width, generator=gen, device="cuda") * 2 / width**0.5).to(dtype)
     tokens = torch.randint(0, vocab, (batch, length), generator=gen, device="cuda")
     logp = torch.cat([
-        reference.linear_logp_entropy(hidden.reshape(-1, width)[i:i + 512], weight,
+        linear_logp_reference.linear_logp_entropy(hidden.reshape(-1, width)[i:i + 512], weight,
                                       tokens.reshape(-1)[i:i + 512])[0]
         for i in range(0, batch * length, 512)]).view(batch, length).float()
     lengths = torch.randint(length // 2, length + 1, (batch, 1), generator=gen, device="cuda")
@@ -123,7 +124,7 @@ def test_one_read_edges_against_float64(monkeypatch: pytest.MonkeyPatch, dtype: 
     bias = (torch.randn(vocab, generator=gen, device="cuda") * 0.5).to(dtype)
     # old logp near the live tokens' own: ratios near 1, so no gradient underflows float32
     # (old logp at T = 1 left ratios below 1e-38 at T = 0.02, a zero gradient in float32)
-    exact = reference.linear_logp_entropy(
+    exact = linear_logp_reference.linear_logp_entropy(
         hidden.masked_fill(dead[..., None], 0.0).reshape(-1, width).double(),
         data["weight"].double(), tokens.reshape(-1), bias=bias.double(),
         temperature=temp.reshape(-1) if isinstance(temp, torch.Tensor) else temp)[0]

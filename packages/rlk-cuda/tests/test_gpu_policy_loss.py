@@ -7,8 +7,7 @@ from typing import Any
 import pytest
 import rlk
 import torch
-from rlk._runtime.spec import Tolerance
-from rlk.op_table import specs
+from rlk._runtime.spec import Tolerance, specs
 from rlk.ops.policy_loss import native, reference
 from rlk.ops.policy_loss.options import METRICS, PolicyLossOptions
 from rlk.testing.compare import assert_matches

@@ -13,7 +13,7 @@ import torch
 from flashinfer_stats import chi_square, chi_square_critical
 
 import rlk
-from rlk.ops.policy_loss import reference
+from rlk.ops.sample import reference
 from rlk_flashinfer.probe import probe
 
 pytestmark = pytest.mark.gpu

@@ -11,7 +11,7 @@ import torch
 from fake_flashinfer import FakeFlashInfer
 
 import rlk
-from rlk.ops.policy_loss import reference
+from rlk.ops.sample import reference
 
 pytest.importorskip("triton")
 

@@ -13,7 +13,7 @@ from fake_flashinfer import FakeFlashInfer
 from flashinfer_stats import chi_square, chi_square_critical
 
 import rlk
-from rlk.ops.policy_loss import reference
+from rlk.ops.sample import reference
 from rlk_flashinfer import sampler
 from rlk_flashinfer.sampler import sample
 

@@ -34,7 +34,7 @@ def test_probe_serves_a_compiled_target() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_logp_entropy_through_rocm_matches_float64(dtype: torch.dtype) -> None:
     import rlk
-    from rlk.ops.policy_loss.reference import logp_entropy
+    from rlk.ops.logp.reference import logp_entropy
     from rlk.testing.poison import poisoned_allocations
 
     if probe.probe(torch.device("cuda")) is not None:

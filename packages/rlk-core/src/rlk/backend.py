@@ -50,11 +50,11 @@ from typing import Any
 
 from rlk._runtime import lm_head, shards
 from rlk._runtime.contract import BoundKernel
+from rlk._runtime.spec import specs
 from rlk._runtime.temperature import Temperature, overflow_safe
 from rlk._runtime.validate import FLOATS as FLOAT_DTYPES
 from rlk.errors import KernelError
 from rlk.hookspec import API_VERSION, HookSpecs, hookimpl
-from rlk.op_table import specs
 from rlk.ops.group_advantages.options import BASELINES, NORMALIZATIONS, GroupAdvantagesOptions
 from rlk.ops.linear_policy_loss import loop as linear_policy_loop
 from rlk.ops.logp.op import one_token_per_row

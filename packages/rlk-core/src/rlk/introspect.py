@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rlk._runtime.spec import specs
 from rlk.dispatch import Dispatcher, Selection, get_dispatcher
-from rlk.op_table import specs
 from rlk.plugins import BLOCKED as BLOCKED_PLUGIN
 from rlk.plugins import FAILED as FAILED_PLUGIN
 from rlk.registry import BLOCKED, FAILED, READY, UNAVAILABLE

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from rlk._runtime.spec import specs
 from rlk.backend import API_VERSION, Registry, hookimpl
-from rlk.op_table import specs
 from rlk.version import __version__
 
 RLK_PLUGIN_API = API_VERSION

@@ -1,19 +1,14 @@
 """The op table: every operator rlk defines, by name, and where its spec lives.
 
-Adding an op is one line here (docs/adding-an-op.md says which files an op owns). The
-names are the registry's op names and the `torch.ops.rlk` names. Specs are imported only
-when asked for, so the dispatcher (which the ops sit on) knows every name without them.
+This is the only list of ops. The names are the registry's op names and the `torch.ops.rlk`
+names; each entry names the op's spec as "module:attribute" in the op's folder,
+`rlk/ops/<op>/` (an `_entropy` variant shares the folder of the op it extends). The module
+imports nothing, so the dispatcher and the registry below the ops know every name without
+importing an op; `rlk._runtime.spec.specs()` imports the specs on first use, as the loader
+imports plugins' entry points. Adding an op is one line here (docs/adding-an-op.md).
 """
 
 from __future__ import annotations
-
-import functools
-from typing import TYPE_CHECKING
-
-from rlk.registry import resolve
-
-if TYPE_CHECKING:
-    from rlk._runtime.spec import OpSpec
 
 SPECS = {
     "logp": "rlk.ops.logp.op:LOGP",
@@ -29,20 +24,3 @@ SPECS = {
     "distributed_logp_entropy": "rlk.ops.distributed_logp.op:DISTRIBUTED_LOGP_ENTROPY",
 }
 OP_NAMES = tuple(SPECS)
-
-
-def specs() -> dict[str, OpSpec]:
-    """Every op's spec, by name (importing an op's module registers its torch ops)."""
-    return dict(_specs())
-
-
-@functools.cache
-def _specs() -> dict[str, OpSpec]:
-    found = {}
-    for name, target in SPECS.items():
-        spec = resolve(target)
-        if spec.name != name:
-            raise RuntimeError(f"rlk.ops.SPECS maps '{name}' to {target}, whose name is "
-                               f"'{spec.name}'")
-        found[name] = spec
-    return found

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,8 @@ from rlk.dispatch import (
     current_policy,
     get_dispatcher,
 )
-from rlk.registry import Kernel
+from rlk.op_table import SPECS
+from rlk.registry import Kernel, resolve
 
 KernelArgs = dict[str, Any]
 GradCase = tuple[str, Tensor, Tensor]
@@ -335,3 +337,21 @@ def register_autograd(op: Any, backward: Callable[..., Any],
         torch.library.register_autograd(op, grad, setup_context=setup)
     else:
         op.register_autograd(grad, setup_context=setup)
+
+
+def specs() -> dict[str, OpSpec]:
+    """Every op's spec, by name, in the op table's order (importing an op's module registers
+    its torch ops)."""
+    return dict(_specs())
+
+
+@functools.cache
+def _specs() -> dict[str, OpSpec]:
+    found = {}
+    for name, target in SPECS.items():
+        spec = resolve(target)
+        if spec.name != name:
+            raise RuntimeError(f"rlk.op_table.SPECS maps '{name}' to {target}, whose name is "
+                               f"'{spec.name}'")
+        found[name] = spec
+    return found

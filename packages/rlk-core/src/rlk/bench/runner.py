@@ -309,7 +309,7 @@ class Runner:
             row.status, row.reason = FAILURE, "; ".join(problems)
 
     def _beyond_tolerance(self, op: str, dtype: str, errors: list[Error]) -> list[str]:
-        from rlk.op_table import specs
+        from rlk._runtime.spec import specs
 
         spec = specs().get(op)
         if spec is None:

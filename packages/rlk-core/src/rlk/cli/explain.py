@@ -9,9 +9,9 @@ from typing import Any
 import torch
 
 from rlk import config
+from rlk._runtime.spec import specs
 from rlk.cli.devices import available
 from rlk.dispatch import current_policy, get_dispatcher
-from rlk.op_table import specs
 
 
 def explain_shape(op: str, shape: list[int], dtype: torch.dtype,

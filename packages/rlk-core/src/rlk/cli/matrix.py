@@ -6,9 +6,8 @@ from typing import Any
 
 import torch
 
-from rlk._runtime.spec import OpSpec
+from rlk._runtime.spec import OpSpec, specs
 from rlk.dispatch import current_policy, get_dispatcher
-from rlk.op_table import specs
 
 
 def representative_dtype(spec: OpSpec, device: torch.device) -> torch.dtype:

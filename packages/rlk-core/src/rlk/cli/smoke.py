@@ -7,9 +7,9 @@ from typing import Any
 import torch
 
 from rlk._runtime.contract import origin
+from rlk._runtime.spec import specs
 from rlk.cli.matrix import representative_dtype
 from rlk.errors import describe
-from rlk.op_table import specs
 from rlk.testing.compare import assert_matches
 
 _CASES_PER_OP = 3

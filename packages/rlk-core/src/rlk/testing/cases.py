@@ -7,9 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from rlk._runtime.contract import BoundKernel
-from rlk._runtime.spec import OpSpec, Sample
+from rlk._runtime.spec import OpSpec, Sample, specs
 from rlk.dispatch import get_dispatcher
-from rlk.op_table import specs
 from rlk.registry import Kernel
 
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import rlk
+from rlk._runtime.spec import specs
 from rlk.dispatch import get_dispatcher
-from rlk.op_table import specs
 from rlk.registry import verdict
 from rlk.testing.cases import Case, backend_kernels
 from rlk.testing.compare import assert_bitwise_equal, assert_matches

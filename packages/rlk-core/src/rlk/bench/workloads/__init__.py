@@ -7,16 +7,20 @@ measured what matters most.
 from __future__ import annotations
 
 from rlk.bench.workload import Workload
-from rlk.bench.workloads import linear_logp as linear
-from rlk.bench.workloads import linear_policy_loss as linear_loss
-from rlk.bench.workloads import logp
-from rlk.bench.workloads import policy_loss as losses
-from rlk.bench.workloads import sample as sampling
+from rlk.bench.workloads import (
+    group_advantages,
+    linear_logp,
+    linear_policy_loss,
+    logp,
+    policy_loss,
+    sample,
+)
 
 ORDER = ("logp", "logp-bwd", "linear-logp", "linear-policy-loss", "sample", "logp-entropy",
          "policy-loss", "group-advantages", "logp-native")
-_ALL = {w.name: w for module in (logp, linear, linear_loss, losses, sampling)
-        for w in module.WORKLOADS}
+# one module per op, named after it (tests/test_bench.py checks them against the op table)
+MODULES = (logp, linear_logp, linear_policy_loss, sample, policy_loss, group_advantages)
+_ALL = {w.name: w for module in MODULES for w in module.WORKLOADS}
 WORKLOADS: dict[str, Workload] = {name: _ALL[name] for name in ORDER}
 
 

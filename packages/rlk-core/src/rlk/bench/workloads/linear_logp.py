@@ -29,7 +29,7 @@ from rlk.bench.workload import (
     grads,
     rlk_function,
 )
-from rlk.ops.policy_loss import reference
+from rlk.ops.linear_logp import reference
 
 
 def case(n: int, h: int, v: int) -> Case:

@@ -34,7 +34,8 @@ from rlk.bench.workload import (
     element_size,
     rlk_function,
 )
-from rlk.ops.policy_loss import reference
+from rlk.ops.linear_logp import reference
+from rlk.ops.policy_loss import reference as policy_loss_reference
 
 TOKEN_LEVEL: dict[str, Any] = {"clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.04,
                                "kl_estimator": "k3", "agg": "token-mean"}
@@ -90,7 +91,7 @@ def cost(case: Case, dtype: torch.dtype, backward: bool) -> Cost:
 def _policy_loss64(logp: Tensor, x: Inputs) -> Tensor:
     from rlk.ops.policy_loss.options import PolicyLossOptions
 
-    loss, _ = reference.policy_loss(logp, x["old_logp"], x["advantages"], x["mask"],
+    loss, _ = policy_loss_reference.policy_loss(logp, x["old_logp"], x["advantages"], x["mask"],
                                     ref_logp=x["ref_logp"],
                                     options=PolicyLossOptions(**x["options"]))
     return loss

@@ -32,7 +32,7 @@ from rlk.bench.workload import (
     grads,
     rlk_function,
 )
-from rlk.ops.policy_loss import reference
+from rlk.ops.logp import reference
 
 V32K, V128K, V152K, V256K = 32768, 128256, 151936, 256000
 VOCABULARIES = (V32K, V128K, V152K, V256K)

@@ -22,8 +22,8 @@ from rlk._runtime import temperature as temperatures
 from rlk._runtime.contract import Out
 from rlk._runtime.spec import GradCase, NativeKernel, OpSpec, Sample, register_autograd
 from rlk._runtime.temperature import Temperature
+from rlk.ops.logp import reference
 from rlk.ops.logp.op import LOGP
-from rlk.ops.policy_loss import reference
 
 # ---------------------------------------------------------------------------
 # argument checking: public arguments -> kernel-level arguments

@@ -13,8 +13,9 @@ from rlk._runtime import temperature as temperatures
 from rlk._runtime.contract import BoundKernel, Out
 from rlk._runtime.spec import EagerPath, NativeKernel, OpSpec, Sample, register_autograd, traced
 from rlk._runtime.temperature import Temperature
+from rlk.ops.entropy import reference
 from rlk.ops.logp import op as logp_op
-from rlk.ops.policy_loss import reference
+from rlk.ops.logp import reference as logp_reference
 
 # ---------------------------------------------------------------------------
 # argument checking: public arguments -> kernel-level arguments
@@ -246,7 +247,7 @@ def _grad_check(kernel: Any, args: dict[str, Any], gen: torch.Generator):
     if mask is not None:
         tokens = tokens.masked_fill(~mask, -1)
     upstream = logp_op.spread(grad_entropy, rows, logits.shape[0])
-    expected = logp_op.grad_expected(reference.logp_entropy_grad(
+    expected = logp_op.grad_expected(logp_reference.logp_entropy_grad(
         logits, tokens, torch.zeros_like(upstream), upstream,
         temperature=args["temperature"], ignore_index=-1), logits.dtype)
     common = (args["temperature"], mask, rows, lse, entropy)
@@ -299,8 +300,7 @@ ENTROPY = OpSpec(
                     backward=_eager_backward, detached_outputs=(1,),
                     saved_outputs=((0, "entropy"), (1, "lse"))),
     doc="entropy of softmax(logits / T) per row",
-    native=NativeKernel("rlk.ops.logp.native:entropy_forward",
-                        "rlk.ops.logp.native:entropy_backward"),
+    native=NativeKernel("rlk.ops.entropy.native:forward", "rlk.ops.entropy.native:backward"),
     output_meta=_output_meta,
     grad_meta=_grad_meta,
     shape_call=_shape_call,

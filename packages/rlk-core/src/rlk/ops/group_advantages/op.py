@@ -15,8 +15,8 @@ from torch import Tensor
 from rlk._runtime import validate
 from rlk._runtime.contract import Out
 from rlk._runtime.spec import EagerPath, NativeKernel, OpSpec, Sample, Tolerance
+from rlk.ops.group_advantages import reference
 from rlk.ops.group_advantages.options import GroupAdvantagesOptions
-from rlk.ops.policy_loss import reference
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 LABELS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)

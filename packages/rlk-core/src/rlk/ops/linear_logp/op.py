@@ -18,7 +18,7 @@ from rlk._runtime import temperature as temperatures
 from rlk._runtime.contract import BoundKernel, Out
 from rlk._runtime.spec import GradCase, NativeKernel, OpSpec, Sample, Tolerance, register_autograd
 from rlk._runtime.temperature import Temperature
-from rlk.ops.policy_loss import reference
+from rlk.ops.linear_logp import reference
 
 # ---------------------------------------------------------------------------
 # argument checking: public arguments -> kernel-level arguments

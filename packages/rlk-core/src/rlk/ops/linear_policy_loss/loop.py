@@ -1,4 +1,4 @@
-"""Native linear_policy_loss: the LM head and the policy loss in three GEMMs per row chunk.
+"""The loop of linear_policy_loss: the LM head and the policy loss in three GEMMs per row chunk.
 
 Each row chunk's float32 logits are computed once. The selected logp kernel reduces them to
 logp, entropy and log-sum-exp; policy_loss's per-token API gives d loss / d logp for the
@@ -15,7 +15,8 @@ longer than a chunk) logp of every row first and the gradients in a second pass 
 recomputed logits: four GEMMs, through the selected linear_logp_entropy kernels.
 
 `ChunkOps` is the part a GPU backend replaces (its logp kernels, buffers and accumulation);
-`run` is the loop every backend shares.
+`run` is the loop every backend shares (backends reach it as `rlk.backend.linear_policy_loop`;
+the native kernel, `native.py`, runs it with torch's own ops).
 """
 
 from __future__ import annotations
@@ -379,23 +380,6 @@ def _two_pass(ops: ChunkOps, tokens: Tensor, temperature: Temperature, ignore_in
     return (loss, metrics, logp, *(_or_empty(grad, hidden) for grad in grads))
 
 
-def forward(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
-            temperature: Temperature, ignore_index: int, group: dist.ProcessGroup | None,
-            softcap: float | None, entropy_coef: float, policy: Mapping[str, Any],
-            needs_input_grad: tuple[bool, bool, bool]) -> tuple[Tensor, ...]:
-    ops = ChunkOps(hidden, weight, bias, softcap, group)
-    return run(ops, tokens, lm_head.kernel_temperature(temperature, softcap), ignore_index,
-               entropy_coef, policy, needs_input_grad)
-
-
-def plan(hidden: Tensor, weight: Tensor, policy: Mapping[str, Any], **_: Any) -> str:
-    """Which path `forward` takes for these kernel arguments, in words (for rlk.explain)."""
-    length = policy["mask"].shape[1]
-    ops = ChunkOps(hidden, weight, None, None, None)
-    path = choose_path(hidden.shape[0], length, ops.chunk_rows(), policy)
-    return describe(path, ops.chunk_rows(), length)
-
-
 def describe(path: str, chunk_rows: int, length: int) -> str:
     """One line on a path: what it chunks and how many GEMMs it costs."""
     what = {
@@ -407,5 +391,3 @@ def describe(path: str, chunk_rows: int, length: int) -> str:
     }[path]
     return f"{path}: {what}; {GEMMS[path]} GEMMs"
 
-
-forward.plan = plan  # type: ignore[attr-defined]

@@ -30,8 +30,9 @@ from rlk._runtime.spec import (
     traced,
 )
 from rlk._runtime.temperature import Temperature
+from rlk.ops.linear_logp import reference
+from rlk.ops.linear_policy_loss import reference as linear_policy_loss_reference
 from rlk.ops.policy_loss import op as policy_losses
-from rlk.ops.policy_loss import reference
 from rlk.ops.policy_loss.options import METRICS, PolicyLossOptions
 
 ENTROPY_METRIC = "entropy"
@@ -415,7 +416,7 @@ def _public_prepare(hidden: Tensor, weight: Tensor, tokens: Tensor, old_logp: Te
 def _reference_loss(args: Mapping[str, Any], hidden: Any, weight: Any,
                     bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     policy = args["policy"]
-    return reference.linear_policy_loss(
+    return linear_policy_loss_reference.linear_policy_loss(
         hidden, weight, args["tokens"], bias=bias, temperature=args["temperature"],
         ignore_index=args["ignore_index"], softcap=args["softcap"],
         entropy_coef=args["entropy_coef"], **policy)
@@ -506,7 +507,7 @@ LINEAR_POLICY_LOSS = OpSpec(
     grad_check=_grad_check,
     grad_tolerances=_GRAD_TOLERANCES,
     doc="policy_loss of linear_logp's log-probabilities (and an entropy bonus) in three GEMMs",
-    native=NativeKernel("rlk.ops.linear_policy_loss.loop:forward", uses=("logp_entropy",)),
+    native=NativeKernel("rlk.ops.linear_policy_loss.native:forward", uses=("logp_entropy",)),
     output_meta=_output_meta,
     shape_call=_shape_call,
     shape_help="B,T,H,V",

@@ -15,7 +15,7 @@ from rlk._runtime import validate
 from rlk._runtime.contract import Out
 from rlk._runtime.spec import EagerPath, NativeKernel, OpSpec, Sample, Tolerance
 from rlk.dispatch import ScopedPolicy, current_policy, get_dispatcher
-from rlk.ops.policy_loss import reference
+from rlk.ops.sample import reference
 
 _U64 = (1 << 64) - 1
 

@@ -477,19 +477,19 @@ def test_eager_backward_runs_under_the_forward_policy():
     logp, old, advantages, mask = _batch()
     leaf = logp.clone().requires_grad_(True)
     seen = []
-    original = POLICY_LOSS.eager.backward
+    original = POLICY_LOSS.operator.backward
 
-    def spy(bound, args, grads):
+    def spy(bound, args, grads, needs):
         seen.append(captured_policy())
-        return original(bound, args, grads)
+        return original(bound, args, grads, needs)
 
     with rlk.use_backends("native") as policy:
         loss, _ = rlk.policy_loss(leaf, old, advantages, mask)
-    object.__setattr__(POLICY_LOSS.eager, "backward", spy)
+    object.__setattr__(POLICY_LOSS.operator, "backward", spy)
     try:
         loss.backward()
     finally:
-        object.__setattr__(POLICY_LOSS.eager, "backward", original)
+        object.__setattr__(POLICY_LOSS.operator, "backward", original)
     assert seen == [policy] and captured_policy() is None and leaf.grad is not None
 
 

@@ -19,8 +19,10 @@ from torch import Tensor
 from rlk import config
 from rlk._runtime import shards, validate
 from rlk._runtime import temperature as temperatures
-from rlk._runtime.contract import Out
-from rlk._runtime.spec import GradCase, NativeKernel, OpSpec, Sample, register_autograd
+from rlk._runtime.contract import BoundKernel, Out
+from rlk._runtime.operator import Grads, Operator
+from rlk._runtime.signature import Signature, group_param, plain, temperature_param
+from rlk._runtime.spec import GradCase, NativeKernel, OpSpec, Sample
 from rlk._runtime.temperature import Temperature
 from rlk.ops.logp import reference
 from rlk.ops.logp.op import LOGP
@@ -59,75 +61,37 @@ def _flags(args: Mapping[str, Any]) -> tuple[Any, ...]:
     return args["with_entropy"], isinstance(args["temperature"], Tensor)
 
 
-def _kernel_args(logits: Tensor, tokens: Tensor, temperature: Tensor | None, value: float,
-                 ignore_index: int, group: str, with_entropy: bool) -> dict[str, Any]:
-    return {"logits": logits, "tokens": tokens,
-            "temperature": temperatures.join(temperature, value), "ignore_index": ignore_index,
-            "group": shards.resolve_group(group), "with_entropy": with_entropy}
-
-
-def _spec_for(with_entropy: bool) -> OpSpec:
-    return DISTRIBUTED_LOGP_ENTROPY if with_entropy else DISTRIBUTED_LOGP
-
-
 # ---------------------------------------------------------------------------
 # torch operators
 
 
-@torch.library.custom_op("rlk::distributed_logp", mutates_args=())
-def _distributed_op(logits: Tensor, tokens: Tensor, temperature: Tensor | None,
-                    temperature_value: float, ignore_index: int, group: str,
-                    with_entropy: bool) -> tuple[Tensor, Tensor, Tensor]:
-    args = _kernel_args(logits, tokens, temperature, temperature_value, ignore_index, group,
-                        with_entropy)
-    logp, entropy, lse = _spec_for(with_entropy).kernel(args).forward(**args)
-    return logp, (torch.zeros_like(logp) if entropy is None else entropy), lse
+def _signature(with_entropy: bool) -> Signature:
+    return Signature((plain("logits", "Tensor"), plain("tokens", "Tensor"), temperature_param(),
+                      plain("ignore_index", "int"), group_param()),
+                     fixed={"with_entropy": with_entropy})
 
 
-@torch.library.custom_op("rlk::distributed_logp_backward", mutates_args=())
-def _distributed_backward_op(grad_logp: Tensor, grad_entropy: Tensor | None, logits: Tensor,
-                             tokens: Tensor, temperature: Tensor | None,
-                             temperature_value: float, ignore_index: int, group: str,
-                             lse: Tensor, entropy: Tensor | None) -> Tensor:
-    args = _kernel_args(logits, tokens, temperature, temperature_value, ignore_index, group,
-                        entropy is not None)
-    return _spec_for(entropy is not None).kernel(args).backward(
+def _backward(kernel: BoundKernel, args: Mapping[str, Any], grads: Grads,
+              needs: tuple[bool, ...]) -> Grads:
+    """The kernel's backward; an output without a gradient counts as zeros."""
+    grad_logp, grad_entropy = grads[0], grads[1]
+    entropy = args["entropy"]
+    if grad_logp is None or (grad_entropy is None and entropy is not None):
+        zeros = args["logits"].new_zeros(args["logits"].shape[0], dtype=torch.float32)
+        grad_logp = zeros if grad_logp is None else grad_logp
+        grad_entropy = zeros if grad_entropy is None and entropy is not None else grad_entropy
+    return (kernel.backward(
         grad_logp.contiguous(), None if grad_entropy is None else grad_entropy.contiguous(),
-        logits, tokens, args["temperature"], ignore_index, args["group"], lse, entropy,
-    )
+        args["logits"], args["tokens"], args["temperature"], args["ignore_index"],
+        args["group"], args["lse"], entropy,
+    ),)
 
 
-@_distributed_op.register_fake
-def _(logits, tokens, temperature, temperature_value, ignore_index, group, with_entropy):
-    rows = logits.shape[0]  # logp and entropy (zeros without it) in float32, lse in float64
-    return (*(logits.new_empty(rows, dtype=torch.float32) for _ in range(2)),
-            logits.new_empty(rows, dtype=torch.float64))
-
-
-@_distributed_backward_op.register_fake
-def _(grad_logp, grad_entropy, logits, tokens, temperature, temperature_value, ignore_index,
-      group, lse, entropy):
-    return torch.empty_like(logits)
-
-
-def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
-    logits, tokens, temperature, temperature_value, ignore_index, group, with_entropy = inputs
-    ctx.save_for_backward(logits, tokens, temperature, output[2],
-                          output[1] if with_entropy else None)
-    ctx.options = (temperature_value, ignore_index, group, with_entropy)
-
-
-def _grad(ctx: Any, grad_logp: Tensor, grad_entropy: Tensor,
-          grad_lse: Tensor) -> tuple[Tensor | None, ...]:
-    logits, tokens, temperature, lse, entropy = ctx.saved_tensors
-    temperature_value, ignore_index, group, with_entropy = ctx.options
-    grad = _distributed_backward_op(grad_logp, grad_entropy if with_entropy else None, logits,
-                                    tokens, temperature, temperature_value, ignore_index, group,
-                                    lse, entropy)
-    return grad, None, None, None, None, None, None
-
-
-register_autograd(_distributed_op, _grad, _setup)
+def _operator(with_entropy: bool) -> Operator:
+    return Operator(_signature(with_entropy),
+                    returns=("Tensor", "Tensor" if with_entropy else None, "Tensor"),
+                    grad_inputs=("logits",), backward=_backward, detached_outputs=(2,),
+                    saved_outputs=((1, "entropy"), (2, "lse")))
 
 
 # ---------------------------------------------------------------------------
@@ -135,12 +99,11 @@ register_autograd(_distributed_op, _grad, _setup)
 
 
 def _call(logits: Tensor, tokens: Tensor, group: Any, temperature: Temperature,
-          ignore_index: int, with_entropy: bool) -> tuple[Tensor, Tensor]:
+          ignore_index: int, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
     args, shape = _prepare(logits, tokens, group, temperature, ignore_index, with_entropy)
-    temp, value = temperatures.split(args["temperature"])
-    result, entropy, _ = _distributed_op(args["logits"], args["tokens"], temp, value,
-                                         ignore_index, shards.group_name(group), with_entropy)
-    return result.view(shape), entropy.view(shape)
+    spec = DISTRIBUTED_LOGP_ENTROPY if with_entropy else DISTRIBUTED_LOGP
+    result, entropy, _ = spec.call(args)
+    return result.view(shape), (None if entropy is None else entropy.view(shape))
 
 
 def logp(logits: Tensor, tokens: Tensor, *, group: dist.ProcessGroup,
@@ -158,7 +121,9 @@ def logp_entropy(logits: Tensor, tokens: Tensor, *, group: dist.ProcessGroup,
                  temperature: Temperature = 1.0,
                  ignore_index: int = -100) -> tuple[Tensor, Tensor]:
     """`logp` plus the entropy of the full (all-shard) softmax, both differentiable."""
-    return _call(logits, tokens, group, temperature, ignore_index, True)
+    result, entropy = _call(logits, tokens, group, temperature, ignore_index, True)
+    assert entropy is not None
+    return result, entropy
 
 
 # ---------------------------------------------------------------------------
@@ -255,12 +220,10 @@ def _grad_check(kernel: Any, args: dict[str, Any], gen: torch.Generator) -> Iter
 
 
 def _opcheck_case(args: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
-    temp, value = temperatures.split(args["temperature"])
     logits = args["logits"].detach().clone().requires_grad_(True)
-    return torch.ops.rlk.distributed_logp.default, (
-        logits, args["tokens"], temp, value, args["ignore_index"],
-        shards.group_name(args["group"]), args["with_entropy"],
-    )
+    op = (torch.ops.rlk.distributed_logp_entropy.default if args["with_entropy"]
+          else torch.ops.rlk.distributed_logp.default)
+    return op, _signature(args["with_entropy"]).encode(dict(args, logits=logits))
 
 
 def _batch_slice(args: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
@@ -304,6 +267,7 @@ def _spec(name: str, with_entropy: bool, doc: str) -> OpSpec:
         grad_check=_grad_check,
         grad_tolerances=LOGP.grad_tolerances,
         batch_slice=_batch_slice,
+        operator=_operator(with_entropy),
         doc=doc,
         native=NativeKernel("rlk.ops.distributed_logp.native:forward",
                             "rlk.ops.distributed_logp.native:backward",

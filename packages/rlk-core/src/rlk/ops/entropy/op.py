@@ -11,7 +11,9 @@ from torch import Tensor
 from rlk._runtime import logits_args, validate
 from rlk._runtime import temperature as temperatures
 from rlk._runtime.contract import BoundKernel, Out
-from rlk._runtime.spec import EagerPath, NativeKernel, OpSpec, Sample, register_autograd, traced
+from rlk._runtime.operator import Grads, Operator, traced
+from rlk._runtime.signature import Signature, plain, temperature_param
+from rlk._runtime.spec import NativeKernel, OpSpec, Sample
 from rlk._runtime.temperature import Temperature
 from rlk.ops.entropy import reference
 from rlk.ops.logp import op as logp_op
@@ -49,28 +51,20 @@ def _flags(args: Mapping[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def _kernel_args(logits: Tensor, temperature: Tensor | None, value: float, mask: Tensor | None,
-                 rows: Tensor | None, out: Tensor | None) -> dict[str, Any]:
-    return {"logits": logits, "temperature": temperatures.join(temperature, value),
-            "mask": mask, "rows": rows, "out": out}
-
-
 # ---------------------------------------------------------------------------
 # torch operators: what torch.compile and autograd see
 
-
-@torch.library.custom_op("rlk::entropy", mutates_args=())
-def _entropy_op(logits: Tensor, temperature: Tensor | None, temperature_value: float,
-                mask: Tensor | None, rows: Tensor | None) -> tuple[Tensor, Tensor]:
-    args = _kernel_args(logits, temperature, temperature_value, mask, rows, None)
-    entropy, lse = ENTROPY.kernel(args).forward(**args)
-    return entropy, lse
+SIGNATURE = Signature((plain("logits", "Tensor"), temperature_param(), plain("mask", "Tensor?"),
+                       plain("rows", "Tensor?")), fixed={"out": None})
 
 
-@torch.library.custom_op("rlk::entropy_out", mutates_args=("out",))
-def _entropy_out_op(logits: Tensor, temperature: Tensor | None, temperature_value: float,
-                    mask: Tensor | None, rows: Tensor | None, out: Tensor) -> None:
-    _write_out(_kernel_args(logits, temperature, temperature_value, mask, rows, out), out)
+def _backward(kernel: BoundKernel, args: Mapping[str, Any], grads: Grads,
+              needs: tuple[bool, ...]) -> Grads:
+    """The kernel's backward for kernel arguments holding the forward's lse and entropy."""
+    entropy = args["entropy"]
+    grad = grads[0] if grads[0] is not None else torch.zeros_like(entropy)
+    return (kernel.backward(grad.contiguous(), args["logits"], args["temperature"], args["mask"],
+                            args["rows"], args["lse"], entropy, False),)
 
 
 def _write_out(args: dict[str, Any], out: Tensor) -> None:
@@ -80,28 +74,15 @@ def _write_out(args: dict[str, Any], out: Tensor) -> None:
         out.copy_(entropy)
 
 
-@torch.library.custom_op("rlk::entropy_backward", mutates_args=())
-def _entropy_backward_op(grad_entropy: Tensor, logits: Tensor, temperature: Tensor | None,
-                         temperature_value: float, mask: Tensor | None, rows: Tensor | None,
-                         lse: Tensor, entropy: Tensor) -> Tensor:
-    args = _kernel_args(logits, temperature, temperature_value, mask, rows, None)
-    kernel = ENTROPY.kernel(args)
-    args["lse"], args["entropy"] = lse, entropy
-    return _eager_backward(kernel, args, (grad_entropy,))[0]
+def _entropy_out(*values: Any) -> None:
+    *head, out = values
+    _write_out(dict(SIGNATURE.decode(head), out=out), out)
 
 
-def _eager_backward(kernel: BoundKernel, args: Mapping[str, Any],
-                    grads: tuple[Tensor | None, ...]) -> tuple[Tensor]:
-    """The kernel's backward for kernel arguments holding the forward's lse and entropy."""
-    entropy = args["entropy"]
-    grad = grads[0] if grads[0] is not None else torch.zeros_like(entropy)
-    return (kernel.backward(grad.contiguous(), args["logits"], args["temperature"], args["mask"],
-                            args["rows"], args["lse"], entropy, False),)
-
-
-def _op_arguments(args: Mapping[str, Any]) -> tuple[Any, ...]:
-    temp, value = temperatures.split(args["temperature"])
-    return (args["logits"], temp, value, args["mask"], args["rows"])
+_entropy_out_op = torch.library.custom_op(
+    "rlk::entropy_out", _entropy_out, mutates_args=("out",),
+    schema=f"({', '.join(SIGNATURE.parameters)}, Tensor(a!) out) -> ()")
+_entropy_out_op.register_fake(lambda *values: None)
 
 
 def _output_meta(logits: Tensor, temperature: Temperature, mask: Tensor | None,
@@ -115,38 +96,6 @@ def _output_meta(logits: Tensor, temperature: Temperature, mask: Tensor | None,
 
 def _grad_meta(grad_entropy: Tensor, logits: Tensor, *_: Any) -> tuple[Out | None, ...]:
     return (Out(tuple(logits.shape), logits.dtype, logits.device),)
-
-
-@_entropy_op.register_fake
-def _(logits, temperature, temperature_value, mask, rows):
-    return tuple(logits.new_empty(o.shape, dtype=o.dtype)
-                 for o in _output_meta(logits, 1.0, mask, rows, None) if o is not None)
-
-
-@_entropy_out_op.register_fake
-def _(logits, temperature, temperature_value, mask, rows, out):
-    return None
-
-
-@_entropy_backward_op.register_fake
-def _(grad_entropy, logits, temperature, temperature_value, mask, rows, lse, entropy):
-    return torch.empty_like(logits)
-
-
-def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
-    logits, temperature, temperature_value, mask, rows = inputs
-    ctx.save_for_backward(logits, temperature, mask, rows, output[1], output[0])
-    ctx.temperature_value = temperature_value
-
-
-def _entropy_grad(ctx: Any, grad_entropy: Tensor, grad_lse: Tensor) -> tuple[Tensor | None, ...]:
-    logits, temperature, mask, rows, lse, entropy = ctx.saved_tensors
-    grad = _entropy_backward_op(grad_entropy, logits, temperature, ctx.temperature_value, mask,
-                                rows, lse, entropy)
-    return grad, None, None, None, None
-
-
-register_autograd(_entropy_op, _entropy_grad, _setup)
 
 
 # ---------------------------------------------------------------------------
@@ -183,7 +132,7 @@ def entropy(
             buffer = args["logits"].new_empty(kernel_shape,
                                               dtype=logits_args.compute_dtype(logits))
         if traced(args):
-            _entropy_out_op(*_op_arguments(args), buffer)
+            _entropy_out_op(*SIGNATURE.encode(args), buffer)
         else:
             _write_out(dict(args, out=buffer), buffer)
         return target.fill(buffer)
@@ -258,12 +207,12 @@ def _grad_check(kernel: Any, args: dict[str, Any], gen: torch.Generator):
 
 
 def _opcheck_case(args: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
-    temp, value = temperatures.split(args["temperature"])
     logits = args["logits"].detach()
-    common = (temp, value, args["mask"], args["rows"])
     if args["out"] is not None:
-        return torch.ops.rlk.entropy_out.default, (logits, *common, args["out"])
-    return torch.ops.rlk.entropy.default, (logits.clone().requires_grad_(True), *common)
+        values = SIGNATURE.encode(dict(args, logits=logits))
+        return torch.ops.rlk.entropy_out.default, (*values, args["out"])
+    return torch.ops.rlk.entropy.default, SIGNATURE.encode(
+        dict(args, logits=logits.clone().requires_grad_(True)))
 
 
 def _batch_slice(args: dict[str, Any], start: int, stop: int) -> dict[str, Any] | None:
@@ -296,9 +245,9 @@ ENTROPY = OpSpec(
     grad_check=_grad_check,
     grad_tolerances=logp_op.GRAD_TOLERANCES,
     batch_slice=_batch_slice,
-    eager=EagerPath(torch_op=_entropy_op, op_arguments=_op_arguments, grad_inputs=("logits",),
-                    backward=_eager_backward, detached_outputs=(1,),
-                    saved_outputs=((0, "entropy"), (1, "lse"))),
+    operator=Operator(SIGNATURE, returns=("Tensor", "Tensor"), grad_inputs=("logits",),
+                      backward=_backward, detached_outputs=(1,),
+                      saved_outputs=((0, "entropy"), (1, "lse"))),
     doc="entropy of softmax(logits / T) per row",
     native=NativeKernel("rlk.ops.entropy.native:forward", "rlk.ops.entropy.native:backward"),
     output_meta=_output_meta,

@@ -14,7 +14,9 @@ from torch import Tensor
 
 from rlk._runtime import validate
 from rlk._runtime.contract import Out
-from rlk._runtime.spec import EagerPath, NativeKernel, OpSpec, Sample, Tolerance
+from rlk._runtime.operator import Operator
+from rlk._runtime.signature import Signature, options_param, plain
+from rlk._runtime.spec import NativeKernel, OpSpec, Sample, Tolerance
 from rlk.ops.group_advantages import reference
 from rlk.ops.group_advantages.options import GroupAdvantagesOptions
 
@@ -84,26 +86,9 @@ def _kernel_args(args: Mapping[str, Any]) -> dict[str, Any]:
             "options": args["options"]}
 
 
-def _op_arguments(args: Mapping[str, Any]) -> tuple[Any, ...]:
-    return (args["rewards"], args["group_ids"], args["group_size"], *args["options"].flat())
-
-
-def _forward(rewards: Tensor, group_ids: Tensor | None, group_size: int,
-             *flat: Any) -> Tensor:
-    args = _kernel_args({"rewards": rewards, "group_ids": group_ids, "group_size": group_size,
-                         "options": GroupAdvantagesOptions.from_flat(flat)})
-    return GROUP_ADVANTAGES.kernel(args).forward(**args)
-
-
-_group_advantages_op = torch.library.custom_op(
-    "rlk::group_advantages", _forward, mutates_args=(),
-    schema=f"(Tensor rewards, Tensor? group_ids, int group_size, "
-           f"{GroupAdvantagesOptions.schema()}) -> Tensor")
-
-
-@_group_advantages_op.register_fake
-def _(rewards: Tensor, *rest: Any) -> Tensor:
-    return torch.empty_like(rewards)
+SIGNATURE = Signature((plain("rewards", "Tensor"), plain("group_ids", "Tensor?"),
+                       plain("group_size", "int"),
+                       options_param("options", GroupAdvantagesOptions)))
 
 
 def group_advantages(
@@ -210,7 +195,7 @@ def _reference(args: Mapping[str, Any]) -> tuple[Tensor, ...]:
 
 
 def _opcheck_case(args: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
-    return torch.ops.rlk.group_advantages.default, _op_arguments(args)
+    return torch.ops.rlk.group_advantages.default, SIGNATURE.encode(args)
 
 
 def _output_meta(rewards: Tensor, *_: Any, **__: Any) -> tuple[Out | None, ...]:
@@ -234,8 +219,7 @@ GROUP_ADVANTAGES = OpSpec(
     tolerances={torch.float32: Tolerance(atol=1e-5, rtol=1e-5)},
     dtypes=(torch.float32,),
     opcheck_case=_opcheck_case,
-    eager=EagerPath(torch_op=_group_advantages_op, op_arguments=_op_arguments,
-                    kernel_arguments=_kernel_args),
+    operator=Operator(SIGNATURE, returns="Tensor", kernel_arguments=_kernel_args),
     doc="GRPO / RLOO group advantages",
     native=NativeKernel("rlk.ops.group_advantages.native:forward"),
     output_meta=_output_meta,

@@ -14,9 +14,10 @@ from torch import Tensor
 
 from rlk import config
 from rlk._runtime import head, shards, validate
-from rlk._runtime import temperature as temperatures
 from rlk._runtime.contract import BoundKernel, Out
-from rlk._runtime.spec import GradCase, NativeKernel, OpSpec, Sample, Tolerance, register_autograd
+from rlk._runtime.operator import Grads, Operator
+from rlk._runtime.signature import Signature, group_param, plain, temperature_param
+from rlk._runtime.spec import GradCase, NativeKernel, OpSpec, Sample, Tolerance
 from rlk._runtime.temperature import Temperature
 from rlk.ops.linear_logp import reference
 
@@ -68,145 +69,48 @@ def _flags(args: Mapping[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def _kernel_args(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
-                 temperature: Tensor | None, value: float, ignore_index: int, group: str,
-                 softcap: float | None, with_entropy: bool) -> dict[str, Any]:
-    return {
-        "hidden": hidden,
-        "weight": weight,
-        "tokens": tokens,
-        "bias": bias,
-        "temperature": temperatures.join(temperature, value),
-        "ignore_index": ignore_index,
-        "with_entropy": with_entropy,
-        "group": shards.resolve_group(group),
-        "softcap": softcap,
-    }
-
-
-def _spec_for(with_entropy: bool) -> OpSpec:
-    return LINEAR_LOGP_ENTROPY if with_entropy else LINEAR_LOGP
-
-
 # ---------------------------------------------------------------------------
 # torch operators: what torch.compile and autograd see
 
 _LSE = torch.float64  # the saved log-sum-exp, as the logp kernels write and read it
 
 
-@torch.library.custom_op("rlk::linear_logp", mutates_args=())
-def _linear_logp_op(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
-                    temperature: Tensor | None, temperature_value: float, ignore_index: int,
-                    group: str, softcap: float | None) -> tuple[Tensor, Tensor]:
-    args = _kernel_args(hidden, weight, tokens, bias, temperature, temperature_value,
-                        ignore_index, group, softcap, False)
-    with head.without_autocast(hidden.device):
-        logp, _, lse = LINEAR_LOGP.kernel(args).forward(**args)
-    return logp, lse
+def _signature(with_entropy: bool) -> Signature:
+    return Signature((plain("hidden", "Tensor"), plain("weight", "Tensor"),
+                      plain("tokens", "Tensor"), plain("bias", "Tensor?"), temperature_param(),
+                      plain("ignore_index", "int"), group_param(), plain("softcap", "float?")),
+                     fixed={"with_entropy": with_entropy})
 
 
-@torch.library.custom_op("rlk::linear_logp_entropy", mutates_args=())
-def _linear_logp_entropy_op(hidden: Tensor, weight: Tensor, tokens: Tensor,
-                            bias: Tensor | None, temperature: Tensor | None,
-                            temperature_value: float, ignore_index: int, group: str,
-                            softcap: float | None) -> tuple[Tensor, Tensor, Tensor]:
-    args = _kernel_args(hidden, weight, tokens, bias, temperature, temperature_value,
-                        ignore_index, group, softcap, True)
-    with head.without_autocast(hidden.device):
-        logp, entropy, lse = LINEAR_LOGP_ENTROPY.kernel(args).forward(**args)
-    assert entropy is not None
-    return logp, entropy, lse
+def _backward(kernel: BoundKernel, args: Mapping[str, Any], grads: Grads,
+              needs: tuple[bool, ...]) -> Grads:
+    """Gradients to (hidden, weight, bias) from the kernel's backward (None where not
+    needed); an output without a gradient counts as zeros."""
+    grad_logp, grad_entropy = grads[0], grads[1]
+    entropy = args["entropy"]
+    if grad_logp is None or (grad_entropy is None and entropy is not None):
+        zeros = args["hidden"].new_zeros(args["hidden"].shape[0], dtype=torch.float32)
+        grad_logp = zeros if grad_logp is None else grad_logp
+        grad_entropy = zeros if grad_entropy is None and entropy is not None else grad_entropy
+    bias = args["bias"]
+    return tuple(kernel.backward(
+        grad_logp.contiguous(), None if grad_entropy is None else grad_entropy.contiguous(),
+        args["hidden"], args["weight"], args["tokens"], bias, args["temperature"],
+        args["ignore_index"], args["group"], args["lse"], entropy,
+        (needs[0], needs[1], needs[2] and bias is not None), args["softcap"],
+    ))
 
 
-@torch.library.custom_op("rlk::linear_logp_backward", mutates_args=())
-def _linear_logp_backward_op(
-    grad_logp: Tensor, grad_entropy: Tensor | None, hidden: Tensor, weight: Tensor,
-    tokens: Tensor, bias: Tensor | None, temperature: Tensor | None, temperature_value: float,
-    ignore_index: int, group: str, softcap: float | None, lse: Tensor, entropy: Tensor | None,
-    need_hidden: bool, need_weight: bool, need_bias: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients to (hidden, weight, bias); one not asked for comes back empty."""
-    with_entropy = entropy is not None
-    args = _kernel_args(hidden, weight, tokens, bias, temperature, temperature_value,
-                        ignore_index, group, softcap, with_entropy)
-    kernel = _spec_for(with_entropy).kernel(args)
-    with head.without_autocast(hidden.device):
-        grads = kernel.backward(
-            grad_logp.contiguous(), None if grad_entropy is None else grad_entropy.contiguous(),
-            hidden, weight, tokens, bias, args["temperature"], ignore_index, args["group"], lse,
-            entropy, (need_hidden, need_weight, need_bias), softcap,
-        )
-    return tuple(  # type: ignore[return-value]
-        hidden.new_empty(0) if grad is None else grad for grad in grads
-    )
-
-
-@_linear_logp_op.register_fake
-def _(hidden, weight, tokens, bias, temperature, temperature_value, ignore_index, group,
-      softcap):
-    rows = hidden.shape[0]
-    return hidden.new_empty(rows, dtype=torch.float32), hidden.new_empty(rows, dtype=_LSE)
-
-
-@_linear_logp_entropy_op.register_fake
-def _(hidden, weight, tokens, bias, temperature, temperature_value, ignore_index, group,
-      softcap):
-    rows = hidden.shape[0]
-    logp, entropy = (hidden.new_empty(rows, dtype=torch.float32) for _ in range(2))
-    return logp, entropy, hidden.new_empty(rows, dtype=_LSE)
-
-
-@_linear_logp_backward_op.register_fake
-def _(grad_logp, grad_entropy, hidden, weight, tokens, bias, temperature, temperature_value,
-      ignore_index, group, softcap, lse, entropy, need_hidden, need_weight, need_bias):
-    return (
-        torch.empty_like(hidden) if need_hidden else hidden.new_empty(0),
-        torch.empty_like(weight) if need_weight else hidden.new_empty(0),
-        torch.empty_like(bias) if need_bias and bias is not None else hidden.new_empty(0),
-    )
-
-
-def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
-    (hidden, weight, tokens, bias, temperature, temperature_value, ignore_index, group,
-     softcap) = inputs
-    entropy = output[1] if len(output) == 3 else None
-    ctx.save_for_backward(hidden, weight, tokens, bias, temperature, output[-1], entropy)
-    ctx.options = (temperature_value, ignore_index, group, softcap)
-
-
-def _backward(ctx: Any, grad_logp: Tensor, grad_entropy: Tensor | None) -> tuple[Any, ...]:
-    hidden, weight, tokens, bias, temperature, lse, entropy = ctx.saved_tensors
-    need = ctx.needs_input_grad
-    need_bias = bool(need[3]) and bias is not None
-    grad_hidden, grad_weight, grad_bias = _linear_logp_backward_op(
-        grad_logp, grad_entropy, hidden, weight, tokens, bias, temperature, *ctx.options, lse,
-        entropy, bool(need[0]), bool(need[1]), need_bias,
-    )
-    return (grad_hidden if need[0] else None, grad_weight if need[1] else None, None,
-            grad_bias if need_bias else None, None, None, None, None, None)
-
-
-def _logp_grad(ctx: Any, grad_logp: Tensor, grad_lse: Tensor) -> tuple[Any, ...]:
-    return _backward(ctx, grad_logp, None)
-
-
-def _logp_entropy_grad(ctx: Any, grad_logp: Tensor, grad_entropy: Tensor,
-                       grad_lse: Tensor) -> tuple[Any, ...]:
-    return _backward(ctx, grad_logp, grad_entropy)
-
-
-register_autograd(_linear_logp_op, _logp_grad, _setup)
-register_autograd(_linear_logp_entropy_op, _logp_entropy_grad, _setup)
+def _operator(with_entropy: bool) -> Operator:
+    return Operator(_signature(with_entropy),
+                    returns=("Tensor", "Tensor" if with_entropy else None, "Tensor"),
+                    grad_inputs=("hidden", "weight", "bias"), backward=_backward,
+                    detached_outputs=(2,), saved_outputs=((1, "entropy"), (2, "lse")),
+                    without_autocast=True)
 
 
 # ---------------------------------------------------------------------------
 # public functions
-
-
-def _op_args(args: Mapping[str, Any]) -> tuple[Any, ...]:
-    temp, value = temperatures.split(args["temperature"])
-    return (args["hidden"], args["weight"], args["tokens"], args["bias"], temp, value,
-            args["ignore_index"], shards.group_name(args["group"]), args["softcap"])
 
 
 def linear_logp(
@@ -233,7 +137,7 @@ def linear_logp(
     """
     args, shape = _prepare(hidden, weight, tokens, bias, temperature, ignore_index, group,
                            softcap, logit_scale)
-    result, _ = _linear_logp_op(*_op_args(args))
+    result = LINEAR_LOGP.call(dict(args, with_entropy=False))[0]
     return result.view(shape)
 
 
@@ -252,7 +156,7 @@ def linear_logp_entropy(
     """`linear_logp` plus the entropy of softmax(logits / T), both differentiable."""
     args, shape = _prepare(hidden, weight, tokens, bias, temperature, ignore_index, group,
                            softcap, logit_scale)
-    result, entropy, _ = _linear_logp_entropy_op(*_op_args(args))
+    result, entropy, _ = LINEAR_LOGP_ENTROPY.call(dict(args, with_entropy=True))
     return result.view(shape), entropy.view(shape)
 
 
@@ -382,11 +286,10 @@ def _opcheck_case(args: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
     def leaf(value: Tensor | None) -> Tensor | None:
         return None if value is None else value.detach().clone().requires_grad_(True)
 
-    temp, value = temperatures.split(args["temperature"])
     op = (torch.ops.rlk.linear_logp_entropy.default if args["with_entropy"]
           else torch.ops.rlk.linear_logp.default)
-    return op, (leaf(args["hidden"]), leaf(args["weight"]), args["tokens"], leaf(args["bias"]),
-                temp, value, args["ignore_index"], "", args["softcap"])
+    leaves = {name: leaf(args[name]) for name in ("hidden", "weight", "bias")}
+    return op, _signature(args["with_entropy"]).encode(dict(args, **leaves))
 
 
 def _batch_slice(args: dict[str, Any], start: int, stop: int) -> dict[str, Any] | None:
@@ -454,6 +357,7 @@ def _spec(name: str, with_entropy: bool, doc: str) -> OpSpec:
         grad_check=_grad_check,
         grad_tolerances=_GRAD_TOLERANCES,
         batch_slice=_batch_slice,
+        operator=_operator(with_entropy),
         doc=doc,
         native=NativeKernel("rlk.ops.linear_logp.native:forward",
                             "rlk.ops.linear_logp.native:backward",

@@ -18,22 +18,23 @@ from torch import Tensor
 
 from rlk import config
 from rlk._runtime import head, shards, validate
-from rlk._runtime import temperature as temperatures
 from rlk._runtime.contract import BoundKernel, Out, attribute
-from rlk._runtime.spec import (
-    GradCase,
-    NativeKernel,
-    OpSpec,
-    Sample,
-    Tolerance,
-    register_autograd,
-    traced,
+from rlk._runtime.operator import Grads, Operator
+from rlk._runtime.signature import (
+    KernelArgs,
+    Signature,
+    flags_param,
+    group_param,
+    nested_param,
+    plain,
+    temperature_param,
 )
+from rlk._runtime.spec import GradCase, NativeKernel, OpSpec, Sample, Tolerance
 from rlk._runtime.temperature import Temperature
 from rlk.ops.linear_logp import reference
 from rlk.ops.linear_policy_loss import reference as linear_policy_loss_reference
 from rlk.ops.policy_loss import op as policy_losses
-from rlk.ops.policy_loss.options import METRICS, PolicyLossOptions
+from rlk.ops.policy_loss.options import METRICS
 
 ENTROPY_METRIC = "entropy"
 
@@ -129,154 +130,46 @@ def _policy_flags(policy: Mapping[str, Any]) -> tuple[Any, ...]:
 
 
 # ---------------------------------------------------------------------------
-# torch operators: what torch.compile and autograd see
+# the torch operator: policy_loss's own parameters after logp travel through it unchanged
+
+SIGNATURE = Signature((
+    plain("hidden", "Tensor"), plain("weight", "Tensor"), plain("tokens", "Tensor"),
+    plain("bias", "Tensor?"), temperature_param(), plain("ignore_index", "int"), group_param(),
+    plain("softcap", "float?"), plain("entropy_coef", "float"),
+    flags_param("needs_input_grad", ("need_hidden", "need_weight", "need_bias")),
+    nested_param("policy", policy_losses.SIGNATURE.params[1:]),
+))
 
 
-def _parameters(schema: str) -> list[str]:
-    """The parameters of an operator schema, as written (commas inside brackets kept)."""
-    inner = schema[schema.index("(") + 1:schema.rindex(") ->")]
-    found, depth, current = [], 0, ""
-    for char in inner:
-        if char in "[(":
-            depth += 1
-        elif char in "])":
-            depth -= 1
-        if char == "," and depth == 0:
-            found.append(current.strip())
-            current = ""
-        else:
-            current += char
-    return [p for p in [*found, current.strip()] if p and p != "*"]
+def _forward_with_grads(kernel: BoundKernel,
+                        args: KernelArgs) -> tuple[tuple[Tensor, ...], list[Any]]:
+    """(loss, metrics, logp) and the gradients the kernel computed with them, kept private
+    to the call: the backward scales them in place, so no second copy of the weight's
+    gradient ever exists."""
+    loss, metrics, logp, *grads = kernel.forward(**args)
+    return (loss, metrics, logp), [kernel, grads, args["needs_input_grad"]]
 
 
-# policy_loss's own operator arguments after logp, in its order (its tensors, then its options
-# flattened): whatever policy_loss defines travels through this operator unchanged.
-_POLICY_PARAMETERS = _parameters(str(torch.ops.rlk.policy_loss.default._schema))[1:]
-_OWN_ARGUMENTS = ("hidden", "weight", "tokens", "bias", "temperature", "temperature_value",
-                  "ignore_index", "group", "softcap", "entropy_coef", "need_hidden",
-                  "need_weight", "need_bias")
-_QUALNAME = "rlk::linear_policy_loss"
-_LIBRARY = torch.library.Library("rlk", "FRAGMENT")
-_LIBRARY.define(
-    "linear_policy_loss(Tensor hidden, Tensor weight, Tensor tokens, Tensor? bias, "
-    "Tensor? temperature, float temperature_value, int ignore_index, str group, "
-    "float? softcap, float entropy_coef, bool need_hidden, bool need_weight, bool need_bias, "
-    f"{', '.join(_POLICY_PARAMETERS)}) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
-
-
-def _kernel_args(values: tuple[Any, ...]) -> dict[str, Any]:
-    """Kernel arguments from the operator's arguments (in schema order)."""
-    own = dict(zip(_OWN_ARGUMENTS, values[:len(_OWN_ARGUMENTS)], strict=True))
-    rest = values[len(_OWN_ARGUMENTS):]
-    policy = dict(zip(POLICY_TENSORS, rest[:len(POLICY_TENSORS)], strict=True))
-    policy["options"] = PolicyLossOptions.from_flat(tuple(rest[len(POLICY_TENSORS):]))
-    return {
-        "hidden": own["hidden"],
-        "weight": own["weight"],
-        "tokens": own["tokens"],
-        "bias": own["bias"],
-        "temperature": temperatures.join(own["temperature"], own["temperature_value"]),
-        "ignore_index": own["ignore_index"],
-        "group": shards.resolve_group(own["group"]),
-        "softcap": own["softcap"],
-        "entropy_coef": own["entropy_coef"],
-        "policy": policy,
-        "needs_input_grad": (own["need_hidden"], own["need_weight"], own["need_bias"]),
-    }
-
-
-@torch.library.impl(_QUALNAME, "CompositeExplicitAutograd", lib=_LIBRARY)
-def _linear_policy_loss_op(*values: Any) -> tuple[Tensor, ...]:
-    """(loss, metrics, logp, grad_hidden, grad_weight, grad_bias); a gradient not asked for
-    comes back empty."""
-    args = _kernel_args(values)
-    with head.without_autocast(args["hidden"].device):
-        return tuple(LINEAR_POLICY_LOSS.kernel(args).forward(**args))
-
-
-@torch.library.register_fake(_QUALNAME, lib=_LIBRARY)
-def _(*values: Any) -> tuple[Tensor, ...]:
-    args = _kernel_args(values)
-    hidden, weight, bias = args["hidden"], args["weight"], args["bias"]
-    need_hidden, need_weight, need_bias = args["needs_input_grad"]
-    f32 = {"dtype": torch.float32}
-    return (
-        hidden.new_empty((), **f32),
-        hidden.new_empty(len(METRIC_NAMES), **f32),
-        hidden.new_empty(hidden.shape[0], **f32),
-        torch.empty_like(hidden) if need_hidden else hidden.new_empty(0),
-        torch.empty_like(weight) if need_weight else hidden.new_empty(0),
-        torch.empty_like(bias) if need_bias and bias is not None else hidden.new_empty(0),
-    )
-
-
-def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
-    ctx.save_for_backward(*output[3:])
-    ctx.inputs = len(inputs)
-
-
-def _backward(ctx: Any, grad_loss: Tensor, *unused: Tensor) -> tuple[Any, ...]:
-    """The gradients the forward computed, scaled by the upstream gradient of the loss (out of
-    place: they are the op's outputs)."""
-    need = ctx.needs_input_grad
-    grads = [saved * grad_loss if need[index] else None
-             for index, saved in zip((0, 1, 3), ctx.saved_tensors, strict=True)]
-    return (grads[0], grads[1], None, grads[2], *(None,) * (ctx.inputs - 4))
-
-
-register_autograd(_QUALNAME, _backward, _setup)
-
-
-# ---------------------------------------------------------------------------
-# the public function
-
-
-def _op_args(args: Mapping[str, Any]) -> tuple[Any, ...]:
-    temp, value = temperatures.split(args["temperature"])
-    policy = args["policy"]
-    return (args["hidden"], args["weight"], args["tokens"], args["bias"], temp, value,
-            args["ignore_index"], shards.group_name(args["group"]), args["softcap"],
-            args["entropy_coef"], *args["needs_input_grad"],
-            *(policy[name] for name in POLICY_TENSORS), *policy["options"].flat())
-
-
-class _EagerLoss(torch.autograd.Function):
-    """The selected kernel under plain autograd when nothing traces the call (no torch.library
-    wrappers): the gradients the forward computed stay private to the call and are scaled in
-    place by the upstream gradient, so no second copy of the weight's gradient ever exists.
-    A kernel may scale them itself (its optional `forward.scale_grads(grads, grad_loss)`):
-    torch's mul_ by a 0-d device tensor takes a slow strided path."""
-
-    @staticmethod
-    def forward(ctx: Any, args: dict[str, Any], hidden: Tensor, weight: Tensor,
-                bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        kernel_args = dict(args, hidden=hidden.detach(), weight=weight.detach(),
-                           bias=None if bias is None else bias.detach())
-        kernel = LINEAR_POLICY_LOSS.kernel(kernel_args)
-        with head.without_autocast(hidden.device):
-            loss, metrics, logp, *grads = kernel.forward(**kernel_args)
-        ctx.grads, ctx.kernel = grads, kernel
-        ctx.mark_non_differentiable(metrics, logp)
-        ctx.set_materialize_grads(False)
-        return loss, metrics, logp
-
-    @staticmethod
-    def backward(ctx: Any, grad_loss: Tensor | None, *unused: Tensor | None) -> tuple[Any, ...]:
-        grads, ctx.grads = ctx.grads, None
-        if grads is None:
-            raise RuntimeError("rlk.linear_policy_loss computes its gradients in the forward "
-                               "and scales them in place, so a call's backward runs once; "
-                               "call the op again to differentiate again")
-        if grad_loss is None:
-            return (None,) * (len(grads) + 1)
-        wanted = [grad if need else None
-                  for grad, need in zip(grads, ctx.needs_input_grad[1:], strict=True)]
-        _scale(ctx.kernel, [grad for grad in wanted if grad is not None], grad_loss)
-        return (None, *wanted)
+def _scaled_grads(state: list[Any], grads: Grads) -> Grads:
+    """The forward's gradients times the upstream gradient of the loss, in place (once: a
+    second backward of the same call raises)."""
+    kernel, saved, needs = state
+    if saved is None:
+        raise RuntimeError("rlk.linear_policy_loss computes its gradients in the forward "
+                           "and scales them in place, so a call's backward runs once; "
+                           "call the op again to differentiate again")
+    state[1] = None
+    grad_loss = grads[0]
+    if grad_loss is None:
+        return (None,) * len(saved)
+    wanted = [grad if need else None for grad, need in zip(saved, needs, strict=True)]
+    _scale(kernel, [grad for grad in wanted if grad is not None], grad_loss)
+    return tuple(wanted)
 
 
 def _scale(kernel: BoundKernel, grads: list[Tensor], grad_loss: Tensor) -> None:
-    """grads *= grad_loss in place, by the kernel's `forward.scale_grads` when it has one."""
+    """grads *= grad_loss in place, by the kernel's `forward.scale_grads` when it has one
+    (torch's mul_ by a 0-d device tensor takes a slow strided path)."""
     scale_grads = getattr(kernel.kernel.forward, "scale_grads", None)
     if scale_grads is None:
         for grad in grads:
@@ -289,11 +182,8 @@ def _scale(kernel: BoundKernel, grads: list[Tensor], grad_loss: Tensor) -> None:
         raise
 
 
-def _run(args: dict[str, Any]) -> tuple[Tensor, ...]:
-    """(loss, metrics, logp): the eager path, or the torch operator under tracing."""
-    if traced(args) or not any(args["needs_input_grad"]):
-        return tuple(torch.ops.rlk.linear_policy_loss.default(*_op_args(args))[:3])
-    return _EagerLoss.apply(args, args["hidden"], args["weight"], args["bias"])
+# ---------------------------------------------------------------------------
+# the public function
 
 
 def _needs_grad(*tensors: Tensor | None) -> tuple[bool, bool, bool]:
@@ -333,7 +223,7 @@ def linear_policy_loss(
     args = _prepare(hidden, weight, tokens, old_logp, advantages, mask, bias, temperature,
                     ignore_index, group, entropy_coef, softcap, logit_scale, options)
     args["needs_input_grad"] = _needs_grad(args["hidden"], args["weight"], args["bias"])
-    loss, metrics, logp = _run(args)
+    loss, metrics, logp = LINEAR_POLICY_LOSS.call(args)
     values = metrics.detach()
     found = {name: values[index] for index, name in enumerate(METRIC_NAMES)}
     found["logp"] = logp.detach().view(old_logp.shape)
@@ -456,7 +346,7 @@ def _opcheck_case(args: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
 
     call = dict(args, hidden=leaf(args["hidden"]), weight=leaf(args["weight"]),
                 bias=leaf(args["bias"]))
-    return torch.ops.rlk.linear_policy_loss.default, _op_args(call)
+    return torch.ops.rlk.linear_policy_loss.default, SIGNATURE.encode(call)
 
 
 def _output_meta(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
@@ -506,6 +396,10 @@ LINEAR_POLICY_LOSS = OpSpec(
     opcheck_case=_opcheck_case,
     grad_check=_grad_check,
     grad_tolerances=_GRAD_TOLERANCES,
+    operator=Operator(SIGNATURE, returns=("Tensor",) * 6, grad_inputs=("hidden", "weight", "bias"),
+                      detached_outputs=(1, 2), grad_outputs=(3, 4, 5),
+                      forward_with_grads=_forward_with_grads, backward_from=_scaled_grads,
+                      without_autocast=True),
     doc="policy_loss of linear_logp's log-probabilities (and an entropy bonus) in three GEMMs",
     native=NativeKernel("rlk.ops.linear_policy_loss.native:forward", uses=("logp_entropy",)),
     output_meta=_output_meta,

@@ -13,14 +13,9 @@ from torch import Tensor
 from rlk._runtime import logits_args, validate
 from rlk._runtime import temperature as temperatures
 from rlk._runtime.contract import BoundKernel, Out
-from rlk._runtime.spec import (
-    EagerPath,
-    NativeKernel,
-    OpSpec,
-    Tolerance,
-    register_autograd,
-    traced,
-)
+from rlk._runtime.operator import Grads, Operator, traced
+from rlk._runtime.signature import Signature, plain, temperature_param
+from rlk._runtime.spec import NativeKernel, OpSpec, Tolerance
 from rlk._runtime.temperature import Temperature
 from rlk.ops.logp import reference
 from rlk.ops.logp.samples import samples_for
@@ -110,20 +105,6 @@ def _flags(args: Mapping[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def _kernel_args(logits: Tensor, tokens: Tensor, temperature: Tensor | None, value: float,
-                 ignore_index: int, rows: Tensor | None, out: Tensor | None,
-                 with_entropy: bool) -> dict[str, Any]:
-    return {
-        "logits": logits,
-        "tokens": tokens,
-        "temperature": temperatures.join(temperature, value),
-        "ignore_index": ignore_index,
-        "rows": rows,
-        "out": out,
-        "with_entropy": with_entropy,
-    }
-
-
 def _spec_for(with_entropy: bool) -> OpSpec:
     return LOGP_ENTROPY if with_entropy else LOGP
 
@@ -146,62 +127,19 @@ def _write_out(args: dict[str, Any], out: Tensor, entropy_out: Tensor | None) ->
 # torch operators: what torch.compile and autograd see
 
 
-@torch.library.custom_op("rlk::logp", mutates_args=())
-def _logp_op(logits: Tensor, tokens: Tensor, temperature: Tensor | None,
-             temperature_value: float, ignore_index: int,
-             rows: Tensor | None) -> tuple[Tensor, Tensor]:
-    args = _kernel_args(logits, tokens, temperature, temperature_value, ignore_index, rows,
-                        None, False)
-    logp, _, lse = _forward(args)
-    return logp, lse
+def _signature(with_entropy: bool) -> Signature:
+    return Signature((plain("logits", "Tensor"), plain("tokens", "Tensor"), temperature_param(),
+                      plain("ignore_index", "int"), plain("rows", "Tensor?")),
+                     fixed={"out": None, "with_entropy": with_entropy})
 
 
-@torch.library.custom_op("rlk::logp_entropy", mutates_args=())
-def _logp_entropy_op(logits: Tensor, tokens: Tensor, temperature: Tensor | None,
-                     temperature_value: float, ignore_index: int,
-                     rows: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-    args = _kernel_args(logits, tokens, temperature, temperature_value, ignore_index, rows,
-                        None, True)
-    logp, entropy, lse = _forward(args)
-    assert entropy is not None
-    return logp, entropy, lse
+SIGNATURES = {False: _signature(False), True: _signature(True)}
 
 
-@torch.library.custom_op("rlk::logp_out", mutates_args=("out", "entropy_out"))
-def _logp_out_op(logits: Tensor, tokens: Tensor, temperature: Tensor | None,
-                 temperature_value: float, ignore_index: int, rows: Tensor | None,
-                 out: Tensor, entropy_out: Tensor | None) -> None:
-    args = _kernel_args(logits, tokens, temperature, temperature_value, ignore_index, rows,
-                        out, entropy_out is not None)
-    _write_out(args, out, entropy_out)
-
-
-@torch.library.custom_op("rlk::logp_backward", mutates_args=())
-def _logp_backward_op(grad_logp: Tensor, grad_entropy: Tensor | None, logits: Tensor,
-                      tokens: Tensor, temperature: Tensor | None, temperature_value: float,
-                      ignore_index: int, rows: Tensor | None, lse: Tensor,
-                      entropy: Tensor | None) -> Tensor:
-    args = _kernel_args(logits, tokens, temperature, temperature_value, ignore_index, rows,
-                        None, entropy is not None)
-    kernel = _spec_for(entropy is not None).kernel(args)
-    args["lse"], args["entropy"] = lse, entropy
-    return _backward(kernel, args, grad_logp, grad_entropy)
-
-
-def _backward(kernel: BoundKernel, args: Mapping[str, Any], grad_logp: Tensor,
-              grad_entropy: Tensor | None) -> Tensor:
-    """The kernel's backward for kernel arguments holding the forward's lse and entropy."""
-    return kernel.backward(
-        grad_logp.contiguous(), None if grad_entropy is None else grad_entropy.contiguous(),
-        args["logits"], args["tokens"], args["temperature"], args["ignore_index"], args["rows"],
-        args["lse"], args["entropy"], False,
-    )
-
-
-def _eager_backward(kernel: BoundKernel, args: Mapping[str, Any],
-                    grads: tuple[Tensor | None, ...]) -> tuple[Tensor]:
-    """The eager path's backward: an output without a gradient counts as zeros, as the torch
-    operator's autograd materialises them."""
+def _backward(kernel: BoundKernel, args: Mapping[str, Any], grads: Grads,
+              needs: tuple[bool, ...]) -> Grads:
+    """The kernel's backward for kernel arguments holding the forward's lse and entropy; an
+    output without a gradient counts as zeros."""
     grad_logp, grad_entropy = grads[0], grads[1]
     missing_entropy = grad_entropy is None and args["entropy"] is not None
     if grad_logp is None or missing_entropy:
@@ -210,19 +148,38 @@ def _eager_backward(kernel: BoundKernel, args: Mapping[str, Any],
                             device=logits.device)
         grad_logp = zeros if grad_logp is None else grad_logp
         grad_entropy = zeros if missing_entropy else grad_entropy
-    return (_backward(kernel, args, grad_logp, grad_entropy),)
+    return (kernel.backward(
+        grad_logp.contiguous(), None if grad_entropy is None else grad_entropy.contiguous(),
+        args["logits"], args["tokens"], args["temperature"], args["ignore_index"], args["rows"],
+        args["lse"], args["entropy"], False,
+    ),)
 
 
-def _op_arguments(args: Mapping[str, Any]) -> tuple[Any, ...]:
-    temp, value = temperatures.split(args["temperature"])
-    return (args["logits"], args["tokens"], temp, value, args["ignore_index"], args["rows"])
+def _operator(with_entropy: bool) -> Operator:
+    return Operator(SIGNATURES[with_entropy],
+                    returns=("Tensor", "Tensor" if with_entropy else None, "Tensor"),
+                    grad_inputs=("logits",), backward=_backward, detached_outputs=(2,),
+                    saved_outputs=((1, "entropy"), (2, "lse")))
+
+
+def _logp_out(*values: Any) -> None:
+    *head, out, entropy_out = values
+    args = SIGNATURES[entropy_out is not None].decode(head)
+    _write_out(dict(args, out=out), out, entropy_out)
+
+
+_logp_out_op = torch.library.custom_op(
+    "rlk::logp_out", _logp_out, mutates_args=("out", "entropy_out"),
+    schema=f"({', '.join(SIGNATURES[False].parameters)}, Tensor(a!) out, "
+           "Tensor(b!)? entropy_out) -> ()")
+_logp_out_op.register_fake(lambda *values: None)
 
 
 def _out_call(args: dict[str, Any], out: Tensor, entropy_out: Tensor | None) -> None:
     """The `out=` forward (never differentiable): the kernel itself when nothing traces the
-    call (see EagerPath), else the rlk::logp_out operator."""
+    call, else the rlk::logp_out operator."""
     if traced(args):
-        _logp_out_op(*_op_arguments(args), out, entropy_out)
+        _logp_out_op(*SIGNATURES[False].encode(args), out, entropy_out)
     else:
         _write_out(dict(args, out=out), out, entropy_out)
 
@@ -242,60 +199,6 @@ def _output_meta(logits: Tensor, tokens: Tensor, temperature: Temperature, ignor
 def _grad_meta(grad_logp: Tensor, grad_entropy: Tensor | None, logits: Tensor,
                *_: Any) -> tuple[Out | None, ...]:
     return (Out(tuple(logits.shape), logits.dtype, logits.device),)
-
-
-def _fake_outputs(logits: Tensor, tokens: Tensor, rows: Tensor | None,
-                  with_entropy: bool) -> tuple[Tensor, ...]:
-    outputs = _output_meta(logits, tokens, 1.0, 0, rows, None, with_entropy)
-    return tuple(logits.new_empty(o.shape, dtype=o.dtype) for o in outputs if o is not None)
-
-
-@_logp_op.register_fake
-def _(logits, tokens, temperature, temperature_value, ignore_index, rows):
-    return _fake_outputs(logits, tokens, rows, False)
-
-
-@_logp_entropy_op.register_fake
-def _(logits, tokens, temperature, temperature_value, ignore_index, rows):
-    return _fake_outputs(logits, tokens, rows, True)
-
-
-@_logp_out_op.register_fake
-def _(logits, tokens, temperature, temperature_value, ignore_index, rows, out, entropy_out):
-    return None
-
-
-@_logp_backward_op.register_fake
-def _(grad_logp, grad_entropy, logits, tokens, temperature, temperature_value, ignore_index,
-      rows, lse, entropy):
-    return torch.empty_like(logits)
-
-
-def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
-    logits, tokens, temperature, temperature_value, ignore_index, rows = inputs
-    entropy = output[1] if len(output) == 3 else None
-    ctx.save_for_backward(logits, tokens, temperature, rows, output[-1], entropy)
-    ctx.temperature_value = temperature_value
-    ctx.ignore_index = ignore_index
-
-
-def _logp_grad(ctx: Any, grad_logp: Tensor, grad_lse: Tensor) -> tuple[Tensor | None, ...]:
-    logits, tokens, temperature, rows, lse, _ = ctx.saved_tensors
-    grad = _logp_backward_op(grad_logp, None, logits, tokens, temperature,
-                             ctx.temperature_value, ctx.ignore_index, rows, lse, None)
-    return grad, None, None, None, None, None
-
-
-def _logp_entropy_grad(ctx: Any, grad_logp: Tensor, grad_entropy: Tensor,
-                       grad_lse: Tensor) -> tuple[Tensor | None, ...]:
-    logits, tokens, temperature, rows, lse, entropy = ctx.saved_tensors
-    grad = _logp_backward_op(grad_logp, grad_entropy, logits, tokens, temperature,
-                             ctx.temperature_value, ctx.ignore_index, rows, lse, entropy)
-    return grad, None, None, None, None, None
-
-
-register_autograd(_logp_op, _logp_grad, _setup)
-register_autograd(_logp_entropy_op, _logp_entropy_grad, _setup)
 
 
 # ---------------------------------------------------------------------------
@@ -474,14 +377,13 @@ def _grad_check(kernel: Any, args: dict[str, Any], gen: torch.Generator):
 
 
 def _opcheck_case(args: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
-    temp, value = temperatures.split(args["temperature"])
-    common = (args["tokens"], temp, value, args["ignore_index"], args["rows"])
     logits = args["logits"].detach()
     if args["out"] is not None:
         entropy_out = torch.empty_like(args["out"]) if args["with_entropy"] else None
-        return torch.ops.rlk.logp_out.default, (logits, *common, args["out"], entropy_out)
+        values = SIGNATURES[False].encode(dict(args, logits=logits))
+        return torch.ops.rlk.logp_out.default, (*values, args["out"], entropy_out)
     op = torch.ops.rlk.logp_entropy.default if args["with_entropy"] else torch.ops.rlk.logp.default
-    return op, (logits.clone().requires_grad_(True), *common)
+    return op, SIGNATURES[False].encode(dict(args, logits=logits.clone().requires_grad_(True)))
 
 
 def _batch_slice(args: dict[str, Any], start: int, stop: int) -> dict[str, Any] | None:
@@ -529,10 +431,7 @@ def _spec(name: str, with_entropy: bool, doc: str) -> OpSpec:
         grad_check=_grad_check,
         grad_tolerances=GRAD_TOLERANCES,
         batch_slice=_batch_slice,
-        eager=EagerPath(torch_op=_logp_entropy_op if with_entropy else _logp_op,
-                        op_arguments=_op_arguments, grad_inputs=("logits",),
-                        backward=_eager_backward, detached_outputs=(2,),
-                        saved_outputs=((1, "entropy"), (2, "lse"))),
+        operator=_operator(with_entropy),
         doc=doc,
         native=NativeKernel("rlk.ops.logp.native:forward", "rlk.ops.logp.native:backward"),
         output_meta=_output_meta,

@@ -16,14 +16,9 @@ from torch import Tensor
 
 from rlk._runtime import validate
 from rlk._runtime.contract import BoundKernel, Out, attribute, check
-from rlk._runtime.spec import (
-    EagerPath,
-    GradCase,
-    NativeKernel,
-    OpSpec,
-    Tolerance,
-    register_autograd,
-)
+from rlk._runtime.operator import Grads, Operator
+from rlk._runtime.signature import Signature, options_param, plain
+from rlk._runtime.spec import GradCase, NativeKernel, OpSpec, Tolerance
 from rlk.ops.policy_loss import reference
 from rlk.ops.policy_loss.options import METRICS, PolicyLossOptions
 from rlk.ops.policy_loss.samples import samples
@@ -113,68 +108,16 @@ def _flags(args: Mapping[str, Any]) -> tuple[Any, ...]:
             args["options"].choices())
 
 
-def _op_arguments(args: Mapping[str, Any]) -> tuple[Any, ...]:
-    return (*(args[name] for name in TENSORS), *args["options"].flat())
-
-
-def _kernel_args(tensors: tuple[Any, ...], flat: tuple[Any, ...]) -> dict[str, Any]:
-    args = dict(zip(TENSORS, tensors, strict=True))
-    args["options"] = PolicyLossOptions.from_flat(flat)
-    return args
-
-
 # ---------------------------------------------------------------------------
-# torch operators: the options flattened into scalars, as compile and export need
+# the torch operator: the options flattened into scalars, as compile and export need
 
-_INPUTS = ("Tensor logp, Tensor old_logp, Tensor advantages, Tensor mask, Tensor? ref_logp, "
-           "Tensor? rollout_logp, Tensor? importance_weights")
-_COUNT = len(TENSORS)
-
-
-def _forward(*inputs: Any) -> tuple[Tensor, Tensor]:
-    args = _kernel_args(inputs[:_COUNT], inputs[_COUNT:])
-    return POLICY_LOSS.kernel(args).forward(**args)
+SIGNATURE = Signature((*(plain(name, "Tensor") for name in TENSORS[:4]),
+                       *(plain(name, "Tensor?") for name in TENSORS[4:]),
+                       options_param("options", PolicyLossOptions)))
 
 
-def _backward(grad_loss: Tensor, *inputs: Any) -> Tensor:
-    args = _kernel_args(inputs[:_COUNT], inputs[_COUNT:])
-    return POLICY_LOSS.kernel(args).backward(grad_loss, **args)
-
-
-_policy_loss_op = torch.library.custom_op(
-    "rlk::policy_loss", _forward, mutates_args=(),
-    schema=f"({_INPUTS}, {PolicyLossOptions.schema()}) -> (Tensor, Tensor)")
-_policy_loss_backward_op = torch.library.custom_op(
-    "rlk::policy_loss_backward", _backward, mutates_args=(),
-    schema=f"(Tensor grad_loss, {_INPUTS}, {PolicyLossOptions.schema()}) -> Tensor")
-
-
-@_policy_loss_op.register_fake
-def _(logp: Tensor, *rest: Any) -> tuple[Tensor, Tensor]:
-    return logp.new_empty((), dtype=torch.float32), logp.new_empty(len(METRICS),
-                                                                    dtype=torch.float32)
-
-
-@_policy_loss_backward_op.register_fake
-def _(grad_loss: Tensor, logp: Tensor, *rest: Any) -> Tensor:
-    return torch.empty_like(logp)
-
-
-def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
-    ctx.save_for_backward(*inputs[:_COUNT])
-    ctx.options = inputs[_COUNT:]
-
-
-def _grad(ctx: Any, grad_loss: Tensor, grad_metrics: Tensor) -> tuple[Tensor | None, ...]:
-    grad = _policy_loss_backward_op(grad_loss, *ctx.saved_tensors, *ctx.options)
-    return (grad,) + (None,) * (_COUNT - 1 + len(ctx.options))
-
-
-register_autograd(_policy_loss_op, _grad, _setup)
-
-
-def _eager_backward(kernel: BoundKernel, args: Mapping[str, Any],
-                    grads: tuple[Tensor | None, ...]) -> tuple[Tensor | None, ...]:
+def _backward(kernel: BoundKernel, args: Mapping[str, Any], grads: Grads,
+              needs: tuple[bool, ...]) -> Grads:
     grad_loss = grads[0] if grads[0] is not None else args["logp"].new_zeros(())
     return (kernel.backward(grad_loss, **args),)
 
@@ -276,7 +219,7 @@ def _grad_check(kernel: BoundKernel, args: dict[str, Any],
 
 def _opcheck_case(args: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
     logp = args["logp"].detach().clone().requires_grad_(True)
-    return torch.ops.rlk.policy_loss.default, _op_arguments({**args, "logp": logp})
+    return torch.ops.rlk.policy_loss.default, SIGNATURE.encode({**args, "logp": logp})
 
 
 def _output_meta(logp: Tensor, *_: Any, **__: Any) -> tuple[Out | None, ...]:
@@ -311,9 +254,9 @@ POLICY_LOSS = OpSpec(
                      torch.float64: Tolerance(atol=1e-6, rtol=1e-5),
                      torch.bfloat16: Tolerance(atol=1e-6, rtol=8e-3),
                      torch.float16: Tolerance(atol=1e-6, rtol=1e-3)},
-    eager=EagerPath(torch_op=_policy_loss_op, op_arguments=_op_arguments,
-                    grad_inputs=("logp",), backward=_eager_backward, detached_outputs=(1,),
-                    forward_with_grads=_forward_with_grad, backward_from=_scaled_grad),
+    operator=Operator(SIGNATURE, returns=("Tensor", "Tensor"), grad_inputs=("logp",),
+                      backward=_backward, detached_outputs=(1,),
+                      forward_with_grads=_forward_with_grad, backward_from=_scaled_grad),
     doc="PPO / GRPO / DAPO / Dr. GRPO / GSPO / CISPO / SAPO / VESPO policy loss",
     native=NativeKernel("rlk.ops.policy_loss.native:forward",
                         "rlk.ops.policy_loss.native:backward"),

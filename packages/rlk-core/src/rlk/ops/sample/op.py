@@ -13,7 +13,9 @@ from torch import Tensor
 from rlk._runtime import temperature as temperatures
 from rlk._runtime import validate
 from rlk._runtime.contract import Out
-from rlk._runtime.spec import EagerPath, NativeKernel, OpSpec, Sample, Tolerance
+from rlk._runtime.operator import Operator
+from rlk._runtime.signature import Signature, plain
+from rlk._runtime.spec import NativeKernel, OpSpec, Sample, Tolerance
 from rlk.dispatch import ScopedPolicy, current_policy, get_dispatcher
 from rlk.ops.sample import reference
 
@@ -81,21 +83,9 @@ def _prepare(logits: Tensor, temperature: float, top_k: int, top_p: float, min_p
     return args, lead
 
 
-@torch.library.custom_op("rlk::sample", mutates_args=())
-def _sample_op(logits: Tensor, temperature: float, top_k: int, top_p: float, min_p: float,
-               seeds: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    args = {"logits": logits, "temperature": temperature, "top_k": top_k, "top_p": top_p,
-            "min_p": min_p, "seeds": seeds}
-    tokens, logp, processed = SAMPLE.kernel(args).forward(**args)
-    return tokens, logp, processed
-
-
-@_sample_op.register_fake
-def _(logits, temperature, top_k, top_p, min_p, seeds):
-    rows = logits.shape[0]
-    return (logits.new_empty(rows, dtype=torch.int64),
-            logits.new_empty(rows, dtype=torch.float32),
-            logits.new_empty(rows, dtype=torch.float32))
+SIGNATURE = Signature((plain("logits", "Tensor"), plain("temperature", "float"),
+                       plain("top_k", "int"), plain("top_p", "float"), plain("min_p", "float"),
+                       plain("seeds", "Tensor")))
 
 
 def drawn_logp(logits: Tensor, tokens: Tensor, temperature: float) -> Tensor:
@@ -229,8 +219,7 @@ def _outputs(result: Any, args: Mapping[str, Any]) -> tuple[Tensor, ...]:
 
 
 def _opcheck_case(args: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
-    return torch.ops.rlk.sample.default, (args["logits"], *_options(args).values(),
-                                          args["seeds"])
+    return torch.ops.rlk.sample.default, SIGNATURE.encode(args)
 
 
 def _batch_slice(args: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
@@ -268,9 +257,7 @@ SAMPLE = OpSpec(
     dtypes=validate.FLOATS,
     opcheck_case=_opcheck_case,
     batch_slice=_batch_slice,
-    eager=EagerPath(torch_op=_sample_op,
-                    op_arguments=lambda args: (args["logits"], *_options(args).values(),
-                                               args["seeds"])),
+    operator=Operator(SIGNATURE, returns=("Tensor", "Tensor", "Tensor")),
     doc="one token per row: temperature, top-k, top-p, min-p, per-row seeds",
     native=NativeKernel("rlk.ops.sample.native:sample", uses=("logp",)),
     output_meta=_output_meta,

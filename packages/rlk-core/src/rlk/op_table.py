@@ -18,6 +18,7 @@ SPECS = {
     "linear_logp_entropy": "rlk.ops.linear_logp.op:LINEAR_LOGP_ENTROPY",
     "linear_policy_loss": "rlk.ops.linear_policy_loss.op:LINEAR_POLICY_LOSS",
     "policy_loss": "rlk.ops.policy_loss.op:POLICY_LOSS",
+    "token_kl": "rlk.ops.token_kl.op:TOKEN_KL",
     "group_advantages": "rlk.ops.group_advantages.op:GROUP_ADVANTAGES",
     "sample": "rlk.ops.sample.op:SAMPLE",
     "distributed_logp": "rlk.ops.distributed_logp.op:DISTRIBUTED_LOGP",

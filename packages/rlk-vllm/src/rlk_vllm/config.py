@@ -21,7 +21,7 @@ from typing import Any
 
 REQUEST_MODES = ("separate", "n")
 # Measured (benchmarks/request_mode.py, CPU, tiny model): one request with n=G was 3-6%
-# faster than G separate requests, with identical tokens. See docs/packages/rlk-vllm.md.
+# faster than G separate requests, with identical tokens. See docs/backends/vllm.md.
 DEFAULT_REQUEST_MODE = "n"
 # The two vLLM modes that return log-probs (the *_logits modes return logits instead).
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")

@@ -145,3 +145,10 @@ def test_a_cycle_is_found():
              "rlk.dispatch": {"rlk.ops.logp.native"}, "rlk.ops.logp.native": set()}
     assert find_cycle(graph) is None
     assert find_cycle(folder_graph(graph)) == ["_runtime/", "dispatch", "ops/logp", "_runtime/"]
+
+
+def test_no_source_file_is_over_500_lines():
+    """Small modules with one job: a file past 500 lines holds more than one."""
+    long = {path.relative_to(ROOT).as_posix(): count for path in ROOT.rglob("*.py")
+            if (count := len(path.read_text().splitlines())) > 500}
+    assert not long, long

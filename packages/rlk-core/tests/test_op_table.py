@@ -58,6 +58,18 @@ def test_each_op_lives_in_its_own_folder(name):
         "its native kernel sits beside it"
 
 
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_each_op_is_exported_from_its_folder(name):
+    """The public function of op X is rlk.X (rlk.distributed.X for the distributed ops),
+    defined in X's folder."""
+    if name.startswith("distributed_"):
+        function = getattr(rlk.distributed, name.removeprefix("distributed_"))
+    else:
+        function = getattr(rlk, name)
+        assert name in rlk.__all__
+    assert function.__module__ == f"rlk.ops.{name.removesuffix('_entropy')}.op"
+
+
 def test_bench_workloads_are_named_after_the_ops_they_measure():
     from rlk.bench.workloads import MODULES, WORKLOADS
 

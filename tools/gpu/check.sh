@@ -33,7 +33,7 @@ if [[ "${1:-}" == "--sanitize" ]]; then
   step compute-sanitizer memcheck
   timeout "${RLK_MEMCHECK_TIMEOUT:-120}" compute-sanitizer --tool memcheck --print-limit 20 \
     "$PY" -m pytest -q -x -p no:cacheprovider tests/test_gpu_logp.py tests/test_gpu_sample.py \
-    tests/test_gpu_linear.py -k "not 151936 and not empirical and not invariant and not determinism" \
+    tests/test_gpu_linear_logp.py -k "not 151936 and not empirical and not invariant and not determinism" \
     2>&1 | tail -8 | tee "$OUT/memcheck.log"
   step compute-sanitizer racecheck
   timeout "${RLK_RACECHECK_TIMEOUT:-90}" compute-sanitizer --tool racecheck --print-limit 20 \

@@ -60,7 +60,7 @@ struct SoftCapArgs {
   int64_t grad_row_stride;
 };
 
-// A row chunk of float32 logits [N, V] of linear_policy_loss (relative_probs.cu): each row's
+// A row chunk of float32 logits [N, V] of linear_policy_loss (linear_policy_loss.cu): each row's
 // logp, entropy and lse, and out = its logits gradient divided by -(g / T) * scale, where g is
 // d loss / d logp of the row (known only after logp): e_j = exp(x_j / T - m) with the token's
 // entry less exp(lse - m); the offset m is the token's x / T (scale = p_tok) or, when p_tok is

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import rlk_cuda
-from rlk_cuda import _ext, linear, logp, plugin, probe, sample
+from rlk_cuda import _ext, logp, plugin, probe, sample
+from rlk_cuda import linear_logp as linear
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-device path")
 
@@ -213,7 +214,8 @@ def test_policy_loss_and_advantages_on_cpu_tensors_need_a_device() -> None:
     from rlk.ops.group_advantages.options import GroupAdvantagesOptions
     from rlk.ops.policy_loss.options import PolicyLossOptions
 
-    from rlk_cuda import advantages, policy_loss
+    from rlk_cuda import group_advantages as advantages
+    from rlk_cuda import policy_loss
 
     logp = torch.zeros(2, 3)
     with pytest.raises(RuntimeError, match="need a CUDA device"):

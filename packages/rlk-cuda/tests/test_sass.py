@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
-SOURCES = ("logp.cu", "logp_cols.cu", "logp_tma.cu", "sample.cu")
+SOURCES = ("logp.cu", "linear_logp.cu", "logp_tma.cu", "sample.cu")
 FLAGS = ("-arch=sm_90a", "-O3", "-ftz=true", "--extended-lambda", "-DRLK_CUDA_TMA=1", "-cubin")
 
 

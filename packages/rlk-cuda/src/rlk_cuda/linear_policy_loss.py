@@ -6,7 +6,7 @@ them); each block's float32 logits are computed a few rows at a time (one
 float32-output GEMM) and read once by the relative_probs kernel, which writes the rows'
 logp, entropy and log-sum-exp and, into a block buffer in the GEMM input dtype, each row's
 logits gradient up to a factor known only once the loss's token gradient g is:
-d loss / d logits = -(g / T) * scale * e (csrc/relative_probs.cu). Then per block:
+d loss / d logits = -(g / T) * scale * e (csrc/linear_policy_loss.cu). Then per block:
 grad_hidden = factor * (e @ W) and grad_weight += e.T @ (factor * hidden), so the weight
 gradient's GEMM runs over a whole block of rows (few passes over its output) and the
 logits are never read a second time.
@@ -15,7 +15,7 @@ Otherwise, per block: the float32 logits, the logp forward kernel, the policy lo
 gradients, the logp backward kernel writing d loss / d logits in the GEMM input dtype, then
 the same two GEMMs. grad_weight accumulates in the weight's dtype through cuBLAS (float32
 arithmetic, one rounding per block), so no float32 copy of the weight's shape exists: the
-extra memory is the two buffers, together within rlk_cuda.linear.chunk_bytes()
+extra memory is the two buffers, together within rlk_cuda.linear_logp.chunk_bytes()
 (RLK_CUDA_CHUNK_MB).
 """
 
@@ -34,7 +34,7 @@ from torch import Tensor
 from . import _ext
 from . import logp as logp_kernels
 from ._launch import device_of, dtype_code, f32_empty, ptr, rows_major, stream
-from .linear import chunk_bytes, padded, rows_view, soft_cap
+from .linear_logp import chunk_bytes, padded, rows_view, soft_cap
 
 Temperature = float | Tensor
 _ROW_MULTIPLE = 128  # rows per chunk: whole GEMM tiles

@@ -27,10 +27,10 @@ KERNELS: dict[str, tuple[str, str | None, tuple[str, ...], tuple[torch.dtype, ..
     "logp_entropy": ("logp:forward", "logp:backward", BATCH_INVARIANT, DTYPES),
     "entropy": ("logp:entropy_forward", "logp:entropy_backward", BATCH_INVARIANT, DTYPES),
     "sample": ("sample:sample", None, BATCH_INVARIANT, DTYPES),
-    "linear_logp": ("linear:forward", "linear:backward", (), DTYPES),
-    "linear_logp_entropy": ("linear:forward", "linear:backward", (), DTYPES),
+    "linear_logp": ("linear_logp:forward", "linear_logp:backward", (), DTYPES),
+    "linear_logp_entropy": ("linear_logp:forward", "linear_logp:backward", (), DTYPES),
     "linear_policy_loss": ("linear_policy_loss:forward", None, (), DTYPES),
-    "group_advantages": ("advantages:forward", None, (), FLOAT32),
+    "group_advantages": ("group_advantages:forward", None, (), FLOAT32),
     "policy_loss": ("policy_loss:forward", "policy_loss:backward", (), ANY_FLOAT),
 }
 

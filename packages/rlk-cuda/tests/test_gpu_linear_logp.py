@@ -6,7 +6,7 @@ import pytest
 import torch
 from tests_reference import logp_entropy
 
-from rlk_cuda import linear
+from rlk_cuda import linear_logp as linear
 
 pytestmark = pytest.mark.gpu
 
@@ -106,7 +106,7 @@ def test_backward_kernel_reads_float32_logits_and_writes_the_gemm_dtype(
 
 
 def test_soft_cap_kernel_and_its_chain_rule() -> None:
-    from rlk_cuda.linear import soft_cap
+    from rlk_cuda.linear_logp import soft_cap
 
     gen = torch.Generator(device="cuda").manual_seed(3)
     raw = torch.randn(9, 5000, generator=gen, device="cuda") * 40
@@ -120,7 +120,7 @@ def test_soft_cap_kernel_and_its_chain_rule() -> None:
 
 
 def test_accumulate_mm_adds_in_float32() -> None:
-    from rlk_cuda.linear import accumulate_mm
+    from rlk_cuda.linear_logp import accumulate_mm
 
     gen = torch.Generator(device="cuda").manual_seed(4)
     a = torch.randn(64, 300, generator=gen, device="cuda").to(torch.bfloat16)

@@ -11,7 +11,7 @@ from rlk.ops.group_advantages import native, reference
 from rlk.ops.group_advantages.options import GroupAdvantagesOptions
 from rlk.testing.poison import poisoned_allocations
 
-from rlk_cuda.advantages import forward
+from rlk_cuda.group_advantages import forward
 
 pytestmark = pytest.mark.gpu
 

@@ -89,11 +89,11 @@ def _check_kernels(
     ignore_index: int,
     temperature: float | Tensor,
 ) -> None:
-    """rlk_cuda.linear forward/backward on this rank's shard against the float64 reference."""
+    """rlk_cuda.linear_logp forward/backward on this rank's shard against the float64 reference."""
     from rlk.ops.linear_logp import reference
     from rlk.testing.poison import poisoned_allocations
 
-    from rlk_cuda import linear
+    from rlk_cuda import linear_logp as linear
 
     hidden, weight, tokens = data["hidden"], data["weight"], data["tokens"]
     bias = data["bias"] if with_bias else None
@@ -151,7 +151,7 @@ def _check_out_of_range(data: dict[str, Tensor], lo: int, hi: int, group: object
     """Tokens outside the group's vocabulary give NaN logp; the entropy stays defined."""
     from rlk.ops.linear_logp import reference
 
-    from rlk_cuda import linear
+    from rlk_cuda import linear_logp as linear
 
     tokens = data["tokens"].clone()
     tokens[[7, 8]] = torch.tensor([V, -3], device=tokens.device)
@@ -234,7 +234,7 @@ def _check_linear_policy_loss(data: dict[str, Tensor], lo: int, hi: int, group: 
 
 def _check_no_rows(data: dict[str, Tensor], lo: int, hi: int, group: object) -> None:
     """Zero rows still run the collectives on every rank and return empty results."""
-    from rlk_cuda import linear
+    from rlk_cuda import linear_logp as linear
 
     hidden, weight, tokens = data["hidden"][:0], data["weight"][lo:hi], data["tokens"][:0]
     logp, entropy, lse = linear.forward(hidden, weight, tokens, None, 1.0, IGNORE, True, group,

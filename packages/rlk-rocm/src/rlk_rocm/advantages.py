@@ -1,1 +1,0 @@
-../../../rlk-cuda/src/rlk_cuda/advantages.py

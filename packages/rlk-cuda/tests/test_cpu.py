@@ -112,6 +112,17 @@ def test_integer_logits_are_a_type_error() -> None:
         dtype_code("logits", torch.zeros(2, 2, dtype=torch.int32))
 
 
+def test_the_kernel_table_follows_the_op_table() -> None:
+    """Every op rlk-cuda serves is an op of rlk's table, and its kernels live in the host
+    module named after the op (an `_entropy` variant shares its op's module)."""
+    from rlk.op_table import OP_NAMES
+
+    for op, (forward, backward, _, _) in plugin.KERNELS.items():
+        assert op in OP_NAMES, op
+        for target in filter(None, (forward, backward)):
+            assert target.partition(":")[0] == op.removesuffix("_entropy"), (op, target)
+
+
 def test_registration() -> None:
     from rlk.registry import Registry
 

@@ -11,6 +11,7 @@ from rlk._runtime.temperature import MIN_TEMPERATURE
 from rlk.testing.poison import poisoned_allocations
 from tests_reference import logp_entropy, logp_entropy_grad
 
+from rlk_cuda import entropy as entropy_kernels
 from rlk_cuda import logp as kernels
 
 pytestmark = pytest.mark.gpu
@@ -83,12 +84,12 @@ def test_entropy_op_matches_float64_and_logp_entropy(dtype) -> None:
     temperature = torch.rand(48, generator=gen, device="cuda") + 0.5
     rows = torch.tensor([7, 0, 7, 47], device="cuda")
     with poisoned_allocations():
-        entropy, lse = kernels.entropy_forward(logits, temperature, keep, rows, None)
+        entropy, lse = entropy_kernels.forward(logits, temperature, keep, rows, None)
     tokens = torch.zeros(48, dtype=torch.int64, device="cuda").masked_fill(~keep, -1)
     _, want = logp_entropy(logits, tokens, temperature, -1)
     torch.testing.assert_close(entropy.double(), want[rows], atol=1e-4, rtol=1e-5)
     g = torch.randn(4, generator=gen, device="cuda")
-    grad = kernels.entropy_backward(g, logits, temperature, keep, rows, lse, entropy, False)
+    grad = entropy_kernels.backward(g, logits, temperature, keep, rows, lse, entropy, False)
     full = torch.zeros(48, device="cuda").index_add_(0, rows, g)
     want_grad = logp_entropy_grad(logits, tokens, temperature, -1, torch.zeros_like(full), full)
     torch.testing.assert_close(grad.double(), want_grad,

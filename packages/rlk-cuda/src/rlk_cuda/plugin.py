@@ -25,7 +25,7 @@ BATCH_INVARIANT = ("batch_invariant",)
 KERNELS: dict[str, tuple[str, str | None, tuple[str, ...], tuple[torch.dtype, ...]]] = {
     "logp": ("logp:forward", "logp:backward", BATCH_INVARIANT, DTYPES),
     "logp_entropy": ("logp:forward", "logp:backward", BATCH_INVARIANT, DTYPES),
-    "entropy": ("logp:entropy_forward", "logp:entropy_backward", BATCH_INVARIANT, DTYPES),
+    "entropy": ("entropy:forward", "entropy:backward", BATCH_INVARIANT, DTYPES),
     "sample": ("sample:sample", None, BATCH_INVARIANT, DTYPES),
     "linear_logp": ("linear_logp:forward", "linear_logp:backward", (), DTYPES),
     "linear_logp_entropy": ("linear_logp:forward", "linear_logp:backward", (), DTYPES),

@@ -1,0 +1,1 @@
+../../../rlk-cuda/src/rlk_cuda/entropy.py

@@ -22,14 +22,13 @@ import os
 
 import torch
 import torch.distributed as dist
-from rlk.backend import lm_head, shards
+from rlk.backend import Temperature, lm_head, shards
 from torch import Tensor
 
 from . import _ext
 from ._launch import DTYPE_CODES, device_of, dtype_code, f32_empty, ptr, stream
 from .logp import launch_backward
 
-Temperature = float | Tensor
 _DEFAULT_CHUNK_MB = 960  # see chunk_bytes
 _ROW_ALIGN = 8  # buffer rows start on 32-byte boundaries: the kernels' 16-byte vectors fit
 

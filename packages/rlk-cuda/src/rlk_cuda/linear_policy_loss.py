@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from rlk.backend import Temperature, lm_head, selected_kernel
 from rlk.backend import linear_policy_loop as loop
-from rlk.backend import lm_head, selected_kernel
 from torch import Tensor
 
 from . import _ext
@@ -36,7 +36,6 @@ from . import logp as logp_kernels
 from ._launch import device_of, dtype_code, f32_empty, ptr, rows_major, stream
 from .linear_logp import chunk_bytes, padded, rows_view, soft_cap
 
-Temperature = float | Tensor
 _ROW_MULTIPLE = 128  # rows per chunk: whole GEMM tiles
 _LOGITS_ROWS = 512  # rows per float32 logits GEMM on the one-read path (256: 2% slower)
 

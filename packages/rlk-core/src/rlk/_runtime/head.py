@@ -54,7 +54,7 @@ def without_autocast(device: torch.device) -> contextlib.AbstractContextManager[
     return torch.autocast(device.type, enabled=False)
 
 
-def gemm_dtype(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> torch.dtype:
+def input_dtype(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> torch.dtype:
     """The dtype the LM head's GEMM runs in (see the module docstring)."""
     autocast = _autocast_dtype(hidden.device)
     if autocast is not None:
@@ -91,7 +91,7 @@ def prepare(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: ob
         validate.same_device("bias", bias, hidden, "hidden")
     cap = None if softcap is None else validate.positive_scalar("softcap", softcap)
     scale = validate.positive_scalar("logit_scale", logit_scale)
-    dtype = gemm_dtype(hidden, weight, bias)
+    dtype = input_dtype(hidden, weight, bias)
     lead = tuple(hidden.shape[:-1])
     temp = temperatures.prepare(temperature, lead, hidden, "hidden")
     rows = 1

@@ -19,7 +19,8 @@ import functools
 import torch
 from torch import Tensor
 
-Temperature = float | Tensor
+from rlk._runtime.temperature import Temperature
+
 _DISPATCH_KEYS = {"cuda": "CUDA", "cpu": "CPU", "xpu": "XPU", "mps": "MPS", "meta": "Meta"}
 
 

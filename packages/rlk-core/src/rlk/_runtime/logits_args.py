@@ -16,7 +16,7 @@ from torch import Tensor
 
 from rlk._runtime import validate
 
-LOGITS_DTYPES = (*validate.FLOATS, torch.float64)
+LOGITS_DTYPES = validate.ANY_FLOAT
 OUTPUT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 MASK_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
                *OUTPUT_DTYPES)

@@ -7,8 +7,8 @@ every row) is checked on its device without a sync: a row whose temperature is o
 range gets NaN as its temperature, so that row's outputs and gradient are NaN and no
 other row changes. With RLK_CHECK_INPUTS=1 such a value raises instead, naming it.
 
-torch operator schemas cannot take `float | Tensor`, so ops pass an optional per-row
-tensor plus a float, and kernels receive them joined again.
+torch operator schemas cannot take `float | Tensor`: rlk._runtime.signature's
+`temperature_param` is the one place the two cross into each other.
 """
 
 from __future__ import annotations
@@ -80,14 +80,3 @@ def _raise_out_of_range(values: Tensor, in_range: Tensor) -> None:
         validate.first_bad("temperature", ~in_range, values, _RANGE)
     elif not bool(in_range):
         raise ValueError(f"temperature = {values.item()} is outside {_RANGE}")
-
-
-def split(temperature: Temperature) -> tuple[Tensor | None, float]:
-    """(per-row tensor or None, float) as torch operator arguments."""
-    if isinstance(temperature, Tensor):
-        return temperature, 1.0
-    return None, float(temperature)
-
-
-def join(tensor: Tensor | None, value: float) -> Temperature:
-    return value if tensor is None else tensor

@@ -10,7 +10,8 @@ from torch._subclasses.fake_tensor import is_fake
 
 from rlk import config
 
-FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)  # what the kernels of most ops take
+ANY_FLOAT = (*FLOATS, torch.float64)  # what ops that read each input in its own dtype take
 INDICES = (torch.int32, torch.int64)
 _INT64 = (-(2**63), 2**63)
 

@@ -20,7 +20,7 @@ from rlk._runtime.spec import NativeKernel, OpSpec, Sample, Tolerance
 from rlk.ops.group_advantages import reference
 from rlk.ops.group_advantages.options import GroupAdvantagesOptions
 
-FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+FLOATS = validate.ANY_FLOAT
 LABELS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 MASKS = (torch.bool, *LABELS, *FLOATS)
 

@@ -23,7 +23,7 @@ from rlk.ops.policy_loss import reference
 from rlk.ops.policy_loss.options import METRICS, PolicyLossOptions
 from rlk.ops.policy_loss.samples import samples
 
-FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+FLOATS = validate.ANY_FLOAT
 MASKS = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, *FLOATS)
 TENSORS = ("logp", "old_logp", "advantages", "mask", "ref_logp", "rollout_logp",
            "importance_weights")

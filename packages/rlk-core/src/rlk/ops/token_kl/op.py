@@ -24,7 +24,7 @@ from rlk.ops.policy_loss.options import KL_ESTIMATORS, PolicyLossOptions
 from rlk.ops.token_kl import reference
 from rlk.ops.token_kl.native import compute_dtype
 
-FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+FLOATS = validate.ANY_FLOAT
 SETTINGS = ("kl_estimator", "kl_clamp")
 
 

@@ -1,4 +1,4 @@
-"""One op table: every op is one line of rlk.ops.SPECS, and the machinery around the ops
+"""One op table: every op is one line of rlk.op_table.SPECS, and the machinery around the ops
 (dispatcher, loader, CLI, kit, native registration) knows them only through it."""
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ import rlk
 from rlk.bench.timing import host_and_wall_ms
 from rlk.ops.group_advantages.options import GroupAdvantagesOptions
 from rlk.ops.policy_loss.options import PolicyLossOptions
-from rlk_cuda import advantages, policy_loss
+from rlk_cuda import group_advantages as advantages
+from rlk_cuda import policy_loss
 
 DEVICE = "cuda"
 OPTIONS = PolicyLossOptions()

@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from rlk_cuda import linear, logp, sample
+from rlk_cuda import linear_logp as linear
+from rlk_cuda import logp, sample
 
 GIB = 2**30
 QUICK = "--quick" in sys.argv  # our kernels only (peers were measured in a full run)
@@ -231,7 +232,7 @@ def bench_sample(copy_gbs: float) -> None:
 
 def bench_group_advantages() -> None:
     from rlk.ops.group_advantages.options import GroupAdvantagesOptions
-    from rlk_cuda import advantages
+    from rlk_cuda import group_advantages as advantages
 
     grpo = GroupAdvantagesOptions()
     n, groups = 8192, 1024

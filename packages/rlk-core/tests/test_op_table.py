@@ -29,6 +29,7 @@ def test_the_table_is_the_list_of_ops():
 def test_each_spec_carries_what_the_machinery_needs(name):
     spec = specs()[name]
     assert spec.native is not None, "the native backend registers each spec's native kernel"
+    assert spec.operator is not None and spec.torch_op is not None, "the one call path runs it"
     assert spec.output_meta is not None, "kernel results are checked against it"
     assert spec.shape_call is not None and spec.shape_help, "rlk-core explain builds from it"
     if spec.backward_kernel:

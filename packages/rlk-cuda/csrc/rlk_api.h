@@ -199,7 +199,8 @@ struct PolicyLossArgs {
   int grad_type;              // ElemType of grad: logp's in the backward, float32 forward
 };
 
-// A contiguous tensor multiplied in place by *factor, a float32 on the device (scale.cu).
+// A contiguous tensor multiplied in place by *factor, a float32 on the device
+// (linear_policy_loss_scale.cu).
 struct ScaleArgs {
   void* data;
   int dtype;
@@ -208,7 +209,7 @@ struct ScaleArgs {
 };
 
 // Rows [rows, cols] (unit column stride) times one float32 factor each, into another dtype;
-// zeros where the factor is 0 (scale.cu).
+// zeros where the factor is 0 (linear_policy_loss_scale.cu).
 struct ScaleRowsArgs {
   const void* src;
   int src_dtype;

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -121,6 +123,19 @@ def test_the_kernel_table_follows_the_op_table() -> None:
         assert op in OP_NAMES, op
         for target in filter(None, (forward, backward)):
             assert target.partition(":")[0] == op.removesuffix("_entropy"), (op, target)
+
+
+def test_every_kernel_source_is_built_and_named_after_its_op() -> None:
+    """CMake lists the sources one by one: a new .cu file is in that list, and named after
+    the op it serves (rlk-rocm globs the same folder)."""
+    from rlk.op_table import OP_NAMES
+
+    root = Path(__file__).resolve().parents[1]
+    listed = set(re.findall(r"csrc/(\w+\.cu)\b", (root / "CMakeLists.txt").read_text()))
+    sources = {path.name for path in (root / "csrc").glob("*.cu")}
+    assert listed == sources
+    for name in sources:
+        assert any(name == f"{op}.cu" or name.startswith(f"{op}_") for op in OP_NAMES), name
 
 
 def test_registration() -> None:

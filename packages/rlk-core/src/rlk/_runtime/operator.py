@@ -257,16 +257,23 @@ def run(spec: Any, args: KernelArgs) -> Any:
     if operator.kernel_arguments is not None:
         args = operator.kernel_arguments(args)
     kernel = spec.kernel(args)
-    with _autocast_off(operator, args[spec.main_input].device):
-        if torch.is_grad_enabled():
-            for name in operator.grad_inputs:
-                value = args[name]
-                if value is not None and value.requires_grad:
-                    call = _Call(operator, kernel, args, captured_policy(),
-                                 args[spec.main_input].device)
-                    return _apply(call, *(args[name] for name in operator.grad_inputs))
-        result = kernel.forward(**args)
-    return _visible(operator, result)
+    if operator.without_autocast:
+        with _autocast_off(operator, args[spec.main_input].device):
+            return _run_kernel(spec, operator, kernel, args)
+    return _run_kernel(spec, operator, kernel, args)
+
+
+def _run_kernel(spec: Any, operator: Operator, kernel: BoundKernel, args: KernelArgs) -> Any:
+    """The eager path: the kernel itself, under autograd when an input requires grad."""
+    if torch.is_grad_enabled():
+        for name in operator.grad_inputs:
+            value = args[name]
+            if value is not None and value.requires_grad:
+                call = _Call(operator, kernel, args, captured_policy(),
+                             args[spec.main_input].device)
+                return _apply(call, *(args[name] for name in operator.grad_inputs))
+    result = kernel.forward(**args)
+    return result if not operator.grad_outputs else _visible(operator, result)
 
 
 def _as_kernel_outputs(operator: Operator, result: Any) -> Any:
@@ -325,7 +332,9 @@ class _KernelFunction(torch.autograd.Function):
             outputs, call.state = done
             call.args = {}
         else:
-            outputs = _visible(operator, call.kernel.forward(**args))
+            outputs = call.kernel.forward(**args)
+            if operator.grad_outputs:
+                outputs = _visible(operator, outputs)
             names, tensors = [], []
             for name, value in args.items():
                 if isinstance(value, Tensor):
@@ -339,7 +348,6 @@ class _KernelFunction(torch.autograd.Function):
             ctx.save_for_backward(*tensors)
             call.names, call.args = tuple(names), args
         ctx.call = call
-        ctx.needs = tuple(ctx.needs_input_grad[1:])
         for index in operator.detached_outputs:
             ctx.mark_non_differentiable(outputs[index])
         ctx.set_materialize_grads(False)
@@ -362,8 +370,12 @@ def _backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
     args = dict(call.args)
     for name, value in zip(call.names, ctx.saved_tensors, strict=True):
         args[name] = value
-    with ScopedPolicy(call.policy), _autocast_off(operator, call.device):
-        return (None, *operator.backward(call.kernel, args, grads, ctx.needs))
+    with ScopedPolicy(call.policy):
+        needs = ctx.needs_input_grad[1:]
+        if not operator.without_autocast:
+            return (None, *operator.backward(call.kernel, args, grads, needs))
+        with _autocast_off(operator, call.device):
+            return (None, *operator.backward(call.kernel, args, grads, needs))
 
 
 def _backward_refusing_double(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:

@@ -115,6 +115,8 @@ def integrations(session: nox.Session) -> None:
     # slow them tenfold
     env = {**STRICT_ENV, "RLK_INTEGRATIONS": "1", "OMP_NUM_THREADS": "1"}
     session.run("python", "-m", "pytest", "tests/integrations", "-q", *session.posargs, env=env)
+    # verl's own tests of what rlk replaces, from verl's sdist, with patch()
+    session.run("python", "tests/integrations/upstream_suite.py", "verl", env=env)
     session.run("python", "examples/grpo_trl.py", "--check", env=env)
 
 

@@ -22,10 +22,10 @@ from rlk.registry import Kernel
 
 
 class Out(NamedTuple):
-    """What one tensor a kernel returns must be."""
+    """What one tensor a kernel returns must be (`dtype`: one, or the ones allowed)."""
 
     shape: tuple[int, ...]
-    dtype: torch.dtype
+    dtype: torch.dtype | tuple[torch.dtype, ...]
     device: torch.device
 
 
@@ -78,7 +78,7 @@ def check(kernel: Kernel, phase: str, result: Any, expected: tuple[Out | None, .
                                f"{len(expected)}")
     for index, want in enumerate(expected):  # a plain loop: this runs on every call
         got = outputs[index]
-        if want is not None and (not isinstance(got, Tensor) or got.dtype != want.dtype
+        if want is not None and (not isinstance(got, Tensor) or not _allowed(got.dtype, want)
                                  or got.shape != want.shape or got.device != want.device):
             found = (_describe(Out(tuple(got.shape), got.dtype, got.device))
                      if isinstance(got, Tensor) else f"{type(got).__name__}, not a tensor")
@@ -116,8 +116,14 @@ def _add_note(exc: BaseException, text: str) -> None:
         exc.__notes__ = [*getattr(exc, "__notes__", []), text]
 
 
+def _allowed(dtype: torch.dtype, want: Out) -> bool:
+    return dtype in want.dtype if isinstance(want.dtype, tuple) else dtype == want.dtype
+
+
 def _describe(out: Out) -> str:
-    return f"{str(out.dtype).replace('torch.', '')} {list(out.shape)} on {out.device}"
+    dtypes = out.dtype if isinstance(out.dtype, tuple) else (out.dtype,)
+    names = " or ".join(dict.fromkeys(str(d).replace("torch.", "") for d in dtypes))
+    return f"{names} {list(out.shape)} on {out.device}"
 
 
 def _broken(kernel: Kernel, phase: str, problem: str) -> None:

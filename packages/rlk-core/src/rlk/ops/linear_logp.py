@@ -45,6 +45,7 @@ def _prepare(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None
         "ignore_index": ignore_index,
         "group": group,
         "softcap": prepared.softcap,
+        "gemm_dtype": prepared.dtype,
     }
     return args, prepared.lead
 
@@ -69,8 +70,9 @@ def _flags(args: Mapping[str, Any]) -> tuple[Any, ...]:
 
 def _kernel_args(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
                  temperature: Tensor | None, value: float, ignore_index: int, group: str,
-                 softcap: float | None, with_entropy: bool) -> dict[str, Any]:
-    return {
+                 softcap: float | None, gemm_dtype: torch.dtype,
+                 with_entropy: bool) -> dict[str, Any]:
+    return head.to_gemm({
         "hidden": hidden,
         "weight": weight,
         "tokens": tokens,
@@ -80,7 +82,7 @@ def _kernel_args(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | 
         "with_entropy": with_entropy,
         "group": shards.resolve_group(group),
         "softcap": softcap,
-    }
+    }, gemm_dtype)
 
 
 def _spec_for(with_entropy: bool) -> OpSpec:
@@ -96,9 +98,10 @@ _LSE = torch.float64  # the saved log-sum-exp, as the logp kernels write and rea
 @torch.library.custom_op("rlk::linear_logp", mutates_args=())
 def _linear_logp_op(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
                     temperature: Tensor | None, temperature_value: float, ignore_index: int,
-                    group: str, softcap: float | None) -> tuple[Tensor, Tensor]:
+                    group: str, softcap: float | None,
+                    gemm_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     args = _kernel_args(hidden, weight, tokens, bias, temperature, temperature_value,
-                        ignore_index, group, softcap, False)
+                        ignore_index, group, softcap, gemm_dtype, False)
     with head.without_autocast(hidden.device):
         logp, _, lse = LINEAR_LOGP.kernel(args).forward(**args)
     return logp, lse
@@ -108,9 +111,10 @@ def _linear_logp_op(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor
 def _linear_logp_entropy_op(hidden: Tensor, weight: Tensor, tokens: Tensor,
                             bias: Tensor | None, temperature: Tensor | None,
                             temperature_value: float, ignore_index: int, group: str,
-                            softcap: float | None) -> tuple[Tensor, Tensor, Tensor]:
+                            softcap: float | None,
+                            gemm_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
     args = _kernel_args(hidden, weight, tokens, bias, temperature, temperature_value,
-                        ignore_index, group, softcap, True)
+                        ignore_index, group, softcap, gemm_dtype, True)
     with head.without_autocast(hidden.device):
         logp, entropy, lse = LINEAR_LOGP_ENTROPY.kernel(args).forward(**args)
     assert entropy is not None
@@ -121,35 +125,38 @@ def _linear_logp_entropy_op(hidden: Tensor, weight: Tensor, tokens: Tensor,
 def _linear_logp_backward_op(
     grad_logp: Tensor, grad_entropy: Tensor | None, hidden: Tensor, weight: Tensor,
     tokens: Tensor, bias: Tensor | None, temperature: Tensor | None, temperature_value: float,
-    ignore_index: int, group: str, softcap: float | None, lse: Tensor, entropy: Tensor | None,
-    need_hidden: bool, need_weight: bool, need_bias: bool,
+    ignore_index: int, group: str, softcap: float | None, gemm_dtype: torch.dtype, lse: Tensor,
+    entropy: Tensor | None, need_hidden: bool, need_weight: bool, need_bias: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients to (hidden, weight, bias); one not asked for comes back empty."""
+    """Gradients to (hidden, weight, bias) in their dtypes; one not asked for comes back
+    empty."""
     with_entropy = entropy is not None
     args = _kernel_args(hidden, weight, tokens, bias, temperature, temperature_value,
-                        ignore_index, group, softcap, with_entropy)
+                        ignore_index, group, softcap, gemm_dtype, with_entropy)
     kernel = _spec_for(with_entropy).kernel(args)
     with head.without_autocast(hidden.device):
         grads = kernel.backward(
             grad_logp.contiguous(), None if grad_entropy is None else grad_entropy.contiguous(),
-            hidden, weight, tokens, bias, args["temperature"], ignore_index, args["group"], lse,
-            entropy, (need_hidden, need_weight, need_bias), softcap,
+            args["hidden"], args["weight"], tokens, args["bias"], args["temperature"],
+            ignore_index, args["group"], lse, entropy, (need_hidden, need_weight, need_bias),
+            softcap,
         )
     return tuple(  # type: ignore[return-value]
-        hidden.new_empty(0) if grad is None else grad for grad in grads
+        hidden.new_empty(0) if grad is None else grad.to(given.dtype)
+        for grad, given in zip(grads, (hidden, weight, bias), strict=True)
     )
 
 
 @_linear_logp_op.register_fake
 def _(hidden, weight, tokens, bias, temperature, temperature_value, ignore_index, group,
-      softcap):
+      softcap, gemm_dtype):
     rows = hidden.shape[0]
     return hidden.new_empty(rows, dtype=torch.float32), hidden.new_empty(rows, dtype=_LSE)
 
 
 @_linear_logp_entropy_op.register_fake
 def _(hidden, weight, tokens, bias, temperature, temperature_value, ignore_index, group,
-      softcap):
+      softcap, gemm_dtype):
     rows = hidden.shape[0]
     logp, entropy = (hidden.new_empty(rows, dtype=torch.float32) for _ in range(2))
     return logp, entropy, hidden.new_empty(rows, dtype=_LSE)
@@ -157,7 +164,8 @@ def _(hidden, weight, tokens, bias, temperature, temperature_value, ignore_index
 
 @_linear_logp_backward_op.register_fake
 def _(grad_logp, grad_entropy, hidden, weight, tokens, bias, temperature, temperature_value,
-      ignore_index, group, softcap, lse, entropy, need_hidden, need_weight, need_bias):
+      ignore_index, group, softcap, gemm_dtype, lse, entropy, need_hidden, need_weight,
+      need_bias):
     return (
         torch.empty_like(hidden) if need_hidden else hidden.new_empty(0),
         torch.empty_like(weight) if need_weight else hidden.new_empty(0),
@@ -167,10 +175,10 @@ def _(grad_logp, grad_entropy, hidden, weight, tokens, bias, temperature, temper
 
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
     (hidden, weight, tokens, bias, temperature, temperature_value, ignore_index, group,
-     softcap) = inputs
+     softcap, gemm_dtype) = inputs
     entropy = output[1] if len(output) == 3 else None
     ctx.save_for_backward(hidden, weight, tokens, bias, temperature, output[-1], entropy)
-    ctx.options = (temperature_value, ignore_index, group, softcap)
+    ctx.options = (temperature_value, ignore_index, group, softcap, gemm_dtype)
 
 
 def _backward(ctx: Any, grad_logp: Tensor, grad_entropy: Tensor | None) -> tuple[Any, ...]:
@@ -182,7 +190,7 @@ def _backward(ctx: Any, grad_logp: Tensor, grad_entropy: Tensor | None) -> tuple
         entropy, bool(need[0]), bool(need[1]), need_bias,
     )
     return (grad_hidden if need[0] else None, grad_weight if need[1] else None, None,
-            grad_bias if need_bias else None, None, None, None, None, None)
+            grad_bias if need_bias else None, None, None, None, None, None, None)
 
 
 def _logp_grad(ctx: Any, grad_logp: Tensor, grad_lse: Tensor) -> tuple[Any, ...]:
@@ -205,7 +213,8 @@ register_autograd(_linear_logp_entropy_op, _logp_entropy_grad, _setup)
 def _op_args(args: Mapping[str, Any]) -> tuple[Any, ...]:
     temp, value = temperatures.split(args["temperature"])
     return (args["hidden"], args["weight"], args["tokens"], args["bias"], temp, value,
-            args["ignore_index"], shards.group_name(args["group"]), args["softcap"])
+            args["ignore_index"], shards.group_name(args["group"]), args["softcap"],
+            args["gemm_dtype"])
 
 
 def linear_logp(
@@ -333,6 +342,7 @@ def _public_prepare(with_entropy: bool):
                 softcap: float | None = None, logit_scale: float = 1.0) -> dict[str, Any]:
         args, _ = _prepare(hidden, weight, tokens, bias, temperature, ignore_index, group,
                            softcap, logit_scale)
+        args = head.to_gemm(args, args.pop("gemm_dtype"))
         args["with_entropy"] = with_entropy
         return args
 
@@ -385,7 +395,7 @@ def _opcheck_case(args: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
     op = (torch.ops.rlk.linear_logp_entropy.default if args["with_entropy"]
           else torch.ops.rlk.linear_logp.default)
     return op, (leaf(args["hidden"]), leaf(args["weight"]), args["tokens"], leaf(args["bias"]),
-                temp, value, args["ignore_index"], "", args["softcap"])
+                temp, value, args["ignore_index"], "", args["softcap"], args["hidden"].dtype)
 
 
 def _batch_slice(args: dict[str, Any], start: int, stop: int) -> dict[str, Any] | None:
@@ -411,8 +421,8 @@ def _grad_meta(grad_logp: Tensor, grad_entropy: Tensor | None, hidden: Tensor, w
                needs_input_grad: tuple[bool, bool, bool], *_: Any) -> tuple[Out | None, ...]:
     inputs = (hidden, weight, bias)
     return tuple(
-        Out(tuple(value.shape), value.dtype, value.device) if need and value is not None
-        else None
+        Out(tuple(value.shape), (value.dtype, torch.float32), value.device)
+        if need and value is not None else None
         for value, need in zip(inputs, needs_input_grad, strict=True)
     )
 
@@ -429,8 +439,8 @@ def _shape_call(shape: Any, dtype: torch.dtype) -> tuple[tuple[Any, ...], dict[s
 # Logits are float32 whatever the inputs' dtype (products of bf16/fp16 values are exact in
 # float32): only float32 accumulation separates a kernel from the float64 reference.
 _TOLERANCES = {dtype: Tolerance(atol=2e-5, rtol=1e-5) for dtype in validate.FLOATS}
-# The logits gradient is rounded to the inputs' dtype before the two matrix products, and
-# the gradients are written in it.
+# The logits gradient is rounded to the inputs' dtype before the two matrix products (a
+# kernel may write the gradients in float32 or in the inputs' dtype).
 _GRAD_TOLERANCES = {
     torch.float32: Tolerance(atol=1e-5, rtol=1e-5),
     torch.bfloat16: Tolerance(atol=4e-2, rtol=3e-2),

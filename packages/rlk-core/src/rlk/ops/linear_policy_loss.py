@@ -10,7 +10,7 @@ by the upstream gradient. Every `policy_loss` option is accepted and validated b
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -76,7 +76,9 @@ def _prepare(hidden: Tensor, weight: Tensor, tokens: Tensor, old_logp: Tensor,
              advantages: Tensor, mask: Tensor, bias: Tensor | None, temperature: Temperature,
              ignore_index: int, group: Any, entropy_coef: float, softcap: float | None,
              logit_scale: float, options: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate public arguments; return kernel arguments (needs_input_grad left to the caller)."""
+    """Validate public arguments; return the op's arguments: the kernel's, with hidden, weight
+    and bias in the caller's dtypes and their GEMM's as gemm_dtype (needs_input_grad left
+    to the caller)."""
     validate.tensor("tokens", tokens, validate.INDICES)
     prepared = head.prepare(hidden, weight, bias, temperature, softcap, logit_scale)
     _check_layout(prepared.lead, tokens, old_logp)
@@ -106,6 +108,7 @@ def _prepare(hidden: Tensor, weight: Tensor, tokens: Tensor, old_logp: Tensor,
         "entropy_coef": coef,
         "policy": policy,
         "needs_input_grad": (False, False, False),
+        "gemm_dtype": prepared.dtype,
     }
 
 
@@ -152,23 +155,25 @@ def _parameters(schema: str) -> list[str]:
 _POLICY_PARAMETERS = _parameters(str(torch.ops.rlk.policy_loss.default._schema))[1:]
 _OWN_ARGUMENTS = ("hidden", "weight", "tokens", "bias", "temperature", "temperature_value",
                   "ignore_index", "group", "softcap", "entropy_coef", "need_hidden",
-                  "need_weight", "need_bias")
+                  "need_weight", "need_bias", "gemm_dtype")
 _QUALNAME = "rlk::linear_policy_loss"
 _LIBRARY = torch.library.Library("rlk", "FRAGMENT")
 _LIBRARY.define(
     "linear_policy_loss(Tensor hidden, Tensor weight, Tensor tokens, Tensor? bias, "
     "Tensor? temperature, float temperature_value, int ignore_index, str group, "
     "float? softcap, float entropy_coef, bool need_hidden, bool need_weight, bool need_bias, "
-    f"{', '.join(_POLICY_PARAMETERS)}) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+    f"ScalarType gemm_dtype, {', '.join(_POLICY_PARAMETERS)}) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 
 
 def _kernel_args(values: tuple[Any, ...]) -> dict[str, Any]:
-    """Kernel arguments from the operator's arguments (in schema order)."""
+    """Kernel arguments from the operator's arguments (in schema order), hidden, weight and
+    bias in the GEMM dtype."""
     own = dict(zip(_OWN_ARGUMENTS, values[:len(_OWN_ARGUMENTS)], strict=True))
     rest = values[len(_OWN_ARGUMENTS):]
     policy = dict(zip(POLICY_TENSORS, rest[:len(POLICY_TENSORS)], strict=True))
     policy["options"] = PolicyLossOptions.from_flat(tuple(rest[len(POLICY_TENSORS):]))
-    return {
+    return head.to_gemm({
         "hidden": own["hidden"],
         "weight": own["weight"],
         "tokens": own["tokens"],
@@ -180,7 +185,16 @@ def _kernel_args(values: tuple[Any, ...]) -> dict[str, Any]:
         "entropy_coef": own["entropy_coef"],
         "policy": policy,
         "needs_input_grad": (own["need_hidden"], own["need_weight"], own["need_bias"]),
-    }
+    }, own["gemm_dtype"])
+
+
+def _in_dtypes_of(grads: Sequence[Tensor], hidden: Tensor, weight: Tensor,
+                  bias: Tensor | None) -> list[Tensor]:
+    """The kernel's gradients (float32, or the GEMM dtype) in the caller's dtypes; an empty
+    one (not asked for) in hidden's, as the fake gives it."""
+    givens = (hidden, weight, hidden if bias is None else bias)
+    return [grad.to(given.dtype if grad.numel() else hidden.dtype)
+            for grad, given in zip(grads, givens, strict=True)]
 
 
 @torch.library.impl(_QUALNAME, "CompositeExplicitAutograd", lib=_LIBRARY)
@@ -189,13 +203,14 @@ def _linear_policy_loss_op(*values: Any) -> tuple[Tensor, ...]:
     comes back empty."""
     args = _kernel_args(values)
     with head.without_autocast(args["hidden"].device):
-        return tuple(LINEAR_POLICY_LOSS.kernel(args).forward(**args))
+        loss, metrics, logp, *grads = LINEAR_POLICY_LOSS.kernel(args).forward(**args)
+    return (loss, metrics, logp, *_in_dtypes_of(grads, *values[:2], values[3]))
 
 
 @torch.library.register_fake(_QUALNAME, lib=_LIBRARY)
 def _(*values: Any) -> tuple[Tensor, ...]:
     args = _kernel_args(values)
-    hidden, weight, bias = args["hidden"], args["weight"], args["bias"]
+    hidden, weight, _, bias = values[:4]
     need_hidden, need_weight, need_bias = args["needs_input_grad"]
     f32 = {"dtype": torch.float32}
     return (
@@ -234,7 +249,7 @@ def _op_args(args: Mapping[str, Any]) -> tuple[Any, ...]:
     policy = args["policy"]
     return (args["hidden"], args["weight"], args["tokens"], args["bias"], temp, value,
             args["ignore_index"], shards.group_name(args["group"]), args["softcap"],
-            args["entropy_coef"], *args["needs_input_grad"],
+            args["entropy_coef"], *args["needs_input_grad"], args["gemm_dtype"],
             *(policy[name] for name in POLICY_TENSORS), *policy["options"].flat())
 
 
@@ -248,12 +263,15 @@ class _EagerLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, args: dict[str, Any], hidden: Tensor, weight: Tensor,
                 bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        kernel_args = dict(args, hidden=hidden.detach(), weight=weight.detach(),
-                           bias=None if bias is None else bias.detach())
+        options = {name: value for name, value in args.items() if name != "gemm_dtype"}
+        kernel_args = head.to_gemm(dict(options, hidden=hidden.detach(), weight=weight.detach(),
+                                        bias=None if bias is None else bias.detach()),
+                                   args["gemm_dtype"])
         kernel = LINEAR_POLICY_LOSS.kernel(kernel_args)
         with head.without_autocast(hidden.device):
             loss, metrics, logp, *grads = kernel.forward(**kernel_args)
-        ctx.grads, ctx.kernel = grads, kernel
+        ctx.grads = _in_dtypes_of(grads, hidden, weight, bias)
+        ctx.kernel = kernel
         ctx.mark_non_differentiable(metrics, logp)
         ctx.set_materialize_grads(False)
         return loss, metrics, logp
@@ -371,7 +389,7 @@ def _samples(device: torch.device, dtype: torch.dtype) -> Iterator[Sample]:
                         -100, None, extra.get("entropy_coef", 0.0), extra.get("softcap"), 1.0,
                         options)
         args["needs_input_grad"] = (True, True, bias)
-        return Sample(name, args)
+        return Sample(name, head.to_gemm(args, args.pop("gemm_dtype")))
 
     yield case("ppo")
     yield case("kl-k3-seq-mean", ref=True, kl_coef=0.1, agg="seq-mean-token-mean")
@@ -408,7 +426,7 @@ def _public_prepare(hidden: Tensor, weight: Tensor, tokens: Tensor, old_logp: Te
     args = _prepare(hidden, weight, tokens, old_logp, advantages, mask, bias, temperature,
                     ignore_index, group, entropy_coef, softcap, logit_scale, options)
     args["needs_input_grad"] = _needs_grad(args["hidden"], args["weight"], args["bias"])
-    return args
+    return head.to_gemm(args, args.pop("gemm_dtype"))
 
 
 def _reference_loss(args: Mapping[str, Any], hidden: Any, weight: Any,
@@ -453,17 +471,18 @@ def _opcheck_case(args: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
         return None if value is None else value.detach().clone().requires_grad_(True)
 
     call = dict(args, hidden=leaf(args["hidden"]), weight=leaf(args["weight"]),
-                bias=leaf(args["bias"]))
+                bias=leaf(args["bias"]), gemm_dtype=args["hidden"].dtype)
     return torch.ops.rlk.linear_policy_loss.default, _op_args(call)
 
 
 def _output_meta(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
                  needs_input_grad: tuple[bool, bool, bool], **_: Any) -> tuple[Out | None, ...]:
-    """(loss, metrics, logp) in float32, then each gradient asked for in its input's dtype
-    (an empty tensor of hidden's dtype for one not asked for)."""
+    """(loss, metrics, logp) in float32, then each gradient asked for in float32 or its
+    input's dtype (an empty tensor of hidden's dtype for one not asked for)."""
     device = hidden.device
     empty = Out((0,), hidden.dtype, device)
-    grads = tuple(Out(tuple(value.shape), value.dtype, device) if need and value is not None
+    grads = tuple(Out(tuple(value.shape), (value.dtype, torch.float32), device)
+                  if need and value is not None
                   else empty
                   for value, need in zip((hidden, weight, bias), needs_input_grad, strict=True))
     return (Out((), torch.float32, device), Out((len(METRIC_NAMES),), torch.float32, device),
@@ -482,8 +501,8 @@ def _shape_call(shape: Any, dtype: torch.dtype) -> tuple[tuple[Any, ...], dict[s
 
 
 # The logits are float32 whatever the inputs' dtype: the loss and logp are as close to float64
-# as policy_loss on exact log-probabilities; the gradients are rounded to the inputs' dtype
-# (the logits gradient once before the GEMMs, the results once).
+# as policy_loss on exact log-probabilities; the logits gradient is rounded to the inputs'
+# dtype once before the GEMMs (a kernel may write the results in float32 or that dtype).
 _TOLERANCES = {dtype: Tolerance(atol=2e-5, rtol=1e-5) for dtype in validate.FLOATS}
 _GRAD_TOLERANCES = {
     torch.float32: Tolerance(atol=1e-5, rtol=1e-4),

@@ -7,11 +7,11 @@ measured what matters most.
 from __future__ import annotations
 
 from rlk.bench.workload import Workload
-from rlk.bench.workloads import linear, linear_loss, logp, losses, sampling
+from rlk.bench.workloads import linear, linear_loss, logp, losses, sampling, trl_grpo
 
 ORDER = ("logp", "logp-bwd", "linear-logp", "linear-policy-loss", "sample", "logp-entropy",
-         "policy-loss", "group-advantages", "logp-native")
-_ALL = {w.name: w for module in (logp, linear, linear_loss, losses, sampling)
+         "policy-loss", "group-advantages", "logp-native", "trl-grpo")
+_ALL = {w.name: w for module in (logp, linear, linear_loss, losses, sampling, trl_grpo)
         for w in module.WORKLOADS}
 WORKLOADS: dict[str, Workload] = {name: _ALL[name] for name in ORDER}
 

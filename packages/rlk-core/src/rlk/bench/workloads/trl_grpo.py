@@ -112,12 +112,12 @@ def tokenizer() -> Any:
                                    pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
 
-def save_model(shape: str, directory: Path, seed: int = 0) -> Path:
-    """A randomly initialised Qwen2 of `shape` and its tokenizer, saved to `directory`
-    (TRL loads the reference model from the policy's path)."""
+def save_model(shape: str, directory: Path, seed: int = 0, **config: Any) -> Path:
+    """A randomly initialised Qwen2 of `shape` (`config` overriding its fields) and its
+    tokenizer, saved to `directory` (TRL loads the reference model from the policy's path)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    fields = dict(SHAPES[shape])
+    fields = {**SHAPES[shape], **config}
     config = Qwen2Config(vocab_size=fields.pop("vocab_size", VOCAB), pad_token_id=PAD,
                          eos_token_id=EOS, bos_token_id=None, max_position_embeddings=32768,
                          **fields)

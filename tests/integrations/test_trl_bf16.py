@@ -122,7 +122,7 @@ def grad_error(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor],
 def distances(runs: dict[str, dict[str, Any]], truth: dict[str, Any]) -> list[dict[str, Any]]:
     """Per step, each run's distance from `truth` on the logged values and gradients."""
     rows = []
-    for step in range(STEPS):
+    for step in range(len(truth["logs"])):
         row: dict[str, Any] = {}
         for name, found in runs.items():
             for key in ("loss", "kl", "entropy"):

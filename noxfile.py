@@ -98,10 +98,12 @@ def vllm(session: nox.Session) -> None:
 
 # The framework versions rlk.integrations is tested with (the adapters' SUPPORTED ranges).
 TRL = ["trl==1.16.0", "transformers==5.24.0"]
-# verl's loss and advantage modules import with these alone; its heavy dependencies
-# (vLLM, flash-attn, Megatron, its own transformers pin) stay out: --no-deps.
+# verl's loss and advantage modules import with these alone (docs/integrations/verl.md);
+# its heavy dependencies (vLLM, flash-attn, Megatron, its own transformers pin) stay out:
+# --no-deps. transformers comes with TRL.
 VERL = "verl==0.9.1"
-VERL_IMPORTS = ["ray", "tensordict==0.10.0", "omegaconf", "codetiming", "orjson", "numpy"]
+VERL_IMPORTS = ["packaging", "ray", "tensordict==0.10.0", "omegaconf", "codetiming", "orjson",
+                "numpy", "datasets", "pillow"]
 
 
 @nox.session

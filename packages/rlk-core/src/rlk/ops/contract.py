@@ -22,11 +22,12 @@ from rlk.registry import Kernel
 
 
 class Out(NamedTuple):
-    """What one tensor a kernel returns must be (`dtype`: one, or the ones allowed)."""
+    """What one tensor a kernel returns must be (`dtype`, or one of `alternatives`)."""
 
     shape: tuple[int, ...]
-    dtype: torch.dtype | tuple[torch.dtype, ...]
+    dtype: torch.dtype
     device: torch.device
+    alternatives: tuple[torch.dtype, ...] = ()
 
 
 # The outputs a kernel call must return, from that call's own arguments; None: not checked.
@@ -117,12 +118,12 @@ def _add_note(exc: BaseException, text: str) -> None:
 
 
 def _allowed(dtype: torch.dtype, want: Out) -> bool:
-    return dtype in want.dtype if isinstance(want.dtype, tuple) else dtype == want.dtype
+    return dtype == want.dtype or dtype in want.alternatives
 
 
 def _describe(out: Out) -> str:
-    dtypes = out.dtype if isinstance(out.dtype, tuple) else (out.dtype,)
-    names = " or ".join(dict.fromkeys(str(d).replace("torch.", "") for d in dtypes))
+    names = " or ".join(dict.fromkeys(str(d).replace("torch.", "")
+                                      for d in (out.dtype, *out.alternatives)))
     return f"{names} {list(out.shape)} on {out.device}"
 
 

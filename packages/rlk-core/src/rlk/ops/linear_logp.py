@@ -142,7 +142,7 @@ def _linear_logp_backward_op(
             softcap,
         )
     return tuple(  # type: ignore[return-value]
-        hidden.new_empty(0) if grad is None else grad.to(given.dtype)
+        hidden.new_empty(0) if grad is None or given is None else grad.to(given.dtype)
         for grad, given in zip(grads, (hidden, weight, bias), strict=True)
     )
 
@@ -421,7 +421,7 @@ def _grad_meta(grad_logp: Tensor, grad_entropy: Tensor | None, hidden: Tensor, w
                needs_input_grad: tuple[bool, bool, bool], *_: Any) -> tuple[Out | None, ...]:
     inputs = (hidden, weight, bias)
     return tuple(
-        Out(tuple(value.shape), (value.dtype, torch.float32), value.device)
+        Out(tuple(value.shape), value.dtype, value.device, (torch.float32,))
         if need and value is not None else None
         for value, need in zip(inputs, needs_input_grad, strict=True)
     )

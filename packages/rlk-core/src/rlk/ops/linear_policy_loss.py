@@ -204,7 +204,7 @@ def _linear_policy_loss_op(*values: Any) -> tuple[Tensor, ...]:
     args = _kernel_args(values)
     with head.without_autocast(args["hidden"].device):
         loss, metrics, logp, *grads = LINEAR_POLICY_LOSS.kernel(args).forward(**args)
-    return (loss, metrics, logp, *_in_dtypes_of(grads, *values[:2], values[3]))
+    return (loss, metrics, logp, *_in_dtypes_of(grads, values[0], values[1], values[3]))
 
 
 @torch.library.register_fake(_QUALNAME, lib=_LIBRARY)
@@ -481,7 +481,7 @@ def _output_meta(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | 
     input's dtype (an empty tensor of hidden's dtype for one not asked for)."""
     device = hidden.device
     empty = Out((0,), hidden.dtype, device)
-    grads = tuple(Out(tuple(value.shape), (value.dtype, torch.float32), device)
+    grads = tuple(Out(tuple(value.shape), value.dtype, device, (torch.float32,))
                   if need and value is not None
                   else empty
                   for value, need in zip((hidden, weight, bias), needs_input_grad, strict=True))

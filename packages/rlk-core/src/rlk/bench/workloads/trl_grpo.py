@@ -97,7 +97,7 @@ class FixedCompletions:
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
 
 
-def token_reward(completion_ids: list[list[int]], **_: Any) -> list[float]:
+def token_reward(completion_ids: list[list[int]], **_: Any) -> list[float | None]:
     """A reward with spread inside every group, from the tokens alone."""
     return [float(sum(ids) % 97) / 97 for ids in completion_ids]
 
@@ -112,12 +112,13 @@ def tokenizer() -> Any:
                                    pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
 
-def save_model(shape: str, directory: Path, seed: int = 0, **config: Any) -> Path:
-    """A randomly initialised Qwen2 of `shape` (`config` overriding its fields) and its
-    tokenizer, saved to `directory` (TRL loads the reference model from the policy's path)."""
+def save_model(shape: str, directory: Path, seed: int = 0, **overrides: Any) -> Path:
+    """A randomly initialised Qwen2 of `shape` (`overrides` replacing its config fields) and
+    its tokenizer, saved to `directory` (TRL loads the reference model from the policy's
+    path)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    fields = {**SHAPES[shape], **config}
+    fields = {**SHAPES[shape], **overrides}
     config = Qwen2Config(vocab_size=fields.pop("vocab_size", VOCAB), pad_token_id=PAD,
                          eos_token_id=EOS, bos_token_id=None, max_position_embeddings=32768,
                          **fields)

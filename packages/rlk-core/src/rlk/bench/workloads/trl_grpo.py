@@ -25,7 +25,6 @@ import argparse
 import contextlib
 import functools
 import json
-import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -217,8 +216,9 @@ SMOKE = (Shape("tiny", 16, 4),)
 
 
 class _Models:
-    """The saved model and its trainer of the current case (one at a time: the models of
-    the 1.5B and 7B shapes take GBs)."""
+    """The trainer of the current case (one at a time: the 1.5B and 7B shapes' models take
+    GBs of device memory) and every shape's saved model (the runner visits each case once
+    per mode; the three full shapes take about 20 GB of disk in float32)."""
 
     def __init__(self) -> None:
         self._key: tuple[Any, ...] | None = None
@@ -232,9 +232,6 @@ class _Models:
             root = Path(self._work.name)
             model_dir = root / shape.model
             if not model_dir.exists():
-                for stale in root.iterdir():  # keep one model on disk
-                    if stale.is_dir():
-                        shutil.rmtree(stale)
                 save_model(shape.model, model_dir)
             self._trainer = trainer(model_dir, root / "out", shape.length, shape.batch, device)
             self._key = key

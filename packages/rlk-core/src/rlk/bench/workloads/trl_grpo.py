@@ -132,8 +132,8 @@ def trainer(model_dir: Path, output_dir: Path, length: int, batch: int, device: 
     """TRL's GRPOTrainer on the saved model, with `FixedCompletions` for generation.
 
     Defaults: bf16 autocast (float32 parameters), gradient checkpointing, beta 0.04, one
-    micro-batch of `batch` completions (groups of `batch // 2`, at least 2); `options`
-    override any GRPOConfig field.
+    micro-batch of `batch` completions (an even number: groups of `batch // 2`, at least
+    2); `options` override any GRPOConfig field.
     """
     from datasets import Dataset
     from transformers import AutoConfig
@@ -207,11 +207,11 @@ class Shape:
 
 # The full run, sized to fit about 6 minutes of an H200 with one rlk backend beside TRL:
 # 16 completions at 512 and 1024 tokens (the issue's 0.5B/1024 point), fewer at 4096 and
-# 16384 (the largest micro-batch at 16384 is `largest_micro_batch`'s).
+# 16384 (a group needs 2; the largest micro-batch at 16384 is `largest_micro_batch`'s).
 FULL = (Shape("qwen2.5-0.5b", 512, 16), Shape("qwen2.5-0.5b", 1024, 16),
-        Shape("qwen2.5-0.5b", 4096, 4), Shape("qwen2.5-0.5b", 16384, 1),
+        Shape("qwen2.5-0.5b", 4096, 4), Shape("qwen2.5-0.5b", 16384, 2),
         Shape("qwen2.5-1.5b", 512, 16), Shape("qwen2.5-1.5b", 4096, 2),
-        Shape("qwen2.5-7b-8l", 512, 8), Shape("qwen2.5-7b-8l", 4096, 1))
+        Shape("qwen2.5-7b-8l", 512, 8), Shape("qwen2.5-7b-8l", 4096, 2))
 SMOKE = (Shape("tiny", 16, 4),)
 
 
@@ -325,11 +325,12 @@ def _fits(shape: Shape, device: torch.device, patched: bool, work: Path) -> bool
 
 def largest_micro_batch(model: str, length: int, device: torch.device, patched: bool,
                         limit: int = 64) -> int:
-    """The largest B (a power of two up to `limit`) whose train step fits at length T."""
+    """The largest B (a power of two from 2 up to `limit`) whose train step fits at length
+    T; 0 when not even 2 does."""
     with tempfile.TemporaryDirectory(prefix="rlk-trl-grpo-") as workdir:
         work = Path(workdir)
         save_model(model, work / model)
-        best, batch = 0, 1
+        best, batch = 0, 2
         while batch <= limit and _fits(Shape(model, length, batch), device, patched, work):
             best, batch = batch, batch * 2
         return best

@@ -98,10 +98,12 @@ def vllm(session: nox.Session) -> None:
 
 # The framework versions rlk.integrations is tested with (the adapters' SUPPORTED ranges).
 TRL = ["trl==1.16.0", "transformers==5.24.0"]
-# verl's loss and advantage modules import with these alone; its heavy dependencies
-# (vLLM, flash-attn, Megatron, its own transformers pin) stay out: --no-deps.
+# verl's loss and advantage modules import with these alone (docs/integrations/verl.md);
+# its heavy dependencies (vLLM, flash-attn, Megatron, its own transformers pin) stay out:
+# --no-deps. transformers comes with TRL.
 VERL = "verl==0.9.1"
-VERL_IMPORTS = ["ray", "tensordict==0.10.0", "omegaconf", "codetiming", "orjson", "numpy"]
+VERL_IMPORTS = ["packaging", "ray", "tensordict==0.10.0", "omegaconf", "codetiming", "orjson",
+                "numpy", "datasets", "pillow"]
 
 
 @nox.session
@@ -115,6 +117,8 @@ def integrations(session: nox.Session) -> None:
     # slow them tenfold
     env = {**STRICT_ENV, "RLK_INTEGRATIONS": "1", "OMP_NUM_THREADS": "1"}
     session.run("python", "-m", "pytest", "tests/integrations", "-q", *session.posargs, env=env)
+    # verl's own tests of what rlk replaces, from verl's sdist, with patch()
+    session.run("python", "tests/integrations/upstream_suite.py", "verl", env=env)
     session.run("python", "examples/grpo_trl.py", "--check", env=env)
 
 

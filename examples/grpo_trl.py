@@ -8,6 +8,7 @@ routing the fused LM head's log-probs and entropies and the GRPO loss to rlk.
     pip install "trl==1.16.0" "transformers==5.24.0"
     python examples/grpo_trl.py              # CPU by default
     python examples/grpo_trl.py --check      # exit 1 unless greedy accuracy improved
+    python examples/grpo_trl.py --unpatched  # TRL's own code, for comparison
 
 Walk-through and the option table: docs/integrations/trl.md.
 """
@@ -15,6 +16,7 @@ Walk-through and the option table: docs/integrations/trl.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import sys
 import tempfile
@@ -109,7 +111,7 @@ def train(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
                                                     width=args.width)),
                           reward_funcs=partial_credit, args=config, train_dataset=dataset)
     before = greedy_accuracy(trainer.model, trainer.processing_class)
-    with rlk_trl.patched():
+    with contextlib.nullcontext() if args.unpatched else rlk_trl.patched():
         trainer.train()
     after = greedy_accuracy(trainer.model, trainer.processing_class)
     rewards = [entry["reward"] for entry in trainer.state.log_history if "reward" in entry]
@@ -131,6 +133,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--loss-type", default="dapo", help="GRPOConfig.loss_type")
     p.add_argument("--beta", type=float, default=0.0, help="GRPOConfig.beta (KL coefficient)")
     p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--unpatched", action="store_true",
+                   help="train with TRL's own log-probs and loss (for comparison)")
     p.add_argument("--check", action="store_true",
                    help="exit 1 unless the mean reward and greedy accuracy went up")
     return p.parse_args(argv)

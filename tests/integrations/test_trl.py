@@ -15,7 +15,6 @@ inputs, agrees with TRL's to 8e-8 (docs/integrations/trl.md has the tables).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +25,13 @@ from rlk.integrations import UnsupportedOptionError
 from rlk.integrations import trl as rlk_trl
 
 from .conftest import example, require
+from .trainer_steps import StepRecorder, assert_grads_match, assert_logs_match, step_logs
 
 trl = require("trl")
-transformers = require("transformers")
 datasets = require("datasets")
 
 TOLERANCE = 1e-5
-# the step logs compared; the adapter logs each of them that TRL logs for the configuration
+# the step logs of the per-step difference table (trl_step_differences.py)
 LOGGED = ("loss", "grad_norm", "kl", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean",
           "clip_ratio/region_mean", "cispo_clip_ratio", "policy_loss", "entropy_coef")
 STEPS = 4
@@ -47,31 +46,6 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def digits_reward(completions: list[str], **_: Any) -> list[float]:
     """A reward with spread inside each group: ones count double, other digits once."""
     return [sum(2.0 if c == "1" else 1.0 for c in text if c.isdigit()) / 4 for text in completions]
-
-
-class StepRecorder(transformers.TrainerCallback):
-    """Each step's starting parameters and every gradient before the optimizer step.
-
-    With `start_from` (another run's recorder), each step first loads that run's
-    starting parameters for the step: before the step's generation, which follows.
-    """
-
-    def __init__(self, start_from: StepRecorder | None = None) -> None:
-        self.start_from = start_from
-        self.parameters: list[dict[str, torch.Tensor]] = []
-        self.grads: list[dict[str, torch.Tensor]] = []
-
-    def on_step_begin(self, args, state, control, model=None, **kwargs):
-        if self.start_from is not None:
-            start = self.start_from.parameters[len(self.parameters)]
-            with torch.no_grad():
-                for name, parameter in model.named_parameters():
-                    parameter.copy_(start[name])
-        self.parameters.append({name: p.detach().clone() for name, p in model.named_parameters()})
-
-    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-        self.grads.append({name: p.grad.detach().clone() for name, p in model.named_parameters()
-                           if p.grad is not None})
 
 
 class VLLMCorrectedTrainer(trl.GRPOTrainer):
@@ -121,8 +95,7 @@ def run_grpo(model_dir: Path, tmp_path: Path, start_from: StepRecorder | None = 
         train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS * 4}),
         callbacks=[recorder])
     trainer.train()
-    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
-    return {"logs": logs, "recorder": recorder}
+    return {"logs": step_logs(trainer), "recorder": recorder}
 
 
 def step_differences(expected: dict[str, Any], got: dict[str, Any]) -> list[dict[str, float]]:
@@ -142,21 +115,11 @@ def step_differences(expected: dict[str, Any], got: dict[str, Any]) -> list[dict
 
 
 def assert_runs_match(expected: dict[str, Any], got: dict[str, Any]) -> None:
-    assert len(got["logs"]) == len(expected["logs"]) == STEPS
-    assert len(got["recorder"].grads) == len(expected["recorder"].grads) == STEPS
-    for step, (want, have) in enumerate(zip(expected["logs"], got["logs"], strict=True)):
-        for key in LOGGED:
-            if key in have:
-                assert math.isclose(have[key], want[key], rel_tol=TOLERANCE,
-                                    abs_tol=TOLERANCE), (step, key, want[key], have[key])
-    for step, (want, have) in enumerate(zip(expected["recorder"].grads, got["recorder"].grads,
-                                            strict=True)):
-        for name in want:
-            torch.testing.assert_close(have[name], want[name], rtol=TOLERANCE, atol=TOLERANCE,
-                                       msg=lambda m, n=name, s=step: f"step {s} {n}: {m}")
-    # every metric TRL logged that the adapter claims is logged, with TRL's value
-    assert {key for key in LOGGED if key in got["logs"][0]} == {
-        key for key in LOGGED if key in expected["logs"][0]}
+    """Every value TRL logs (loss, KL, entropy, clip statistics, rewards...) and every
+    parameter gradient, at each of the STEPS steps."""
+    assert len(expected["logs"]) == STEPS
+    assert_logs_match(expected["logs"], got["logs"], TOLERANCE)
+    assert_grads_match(expected["recorder"], got["recorder"], TOLERANCE)
 
 
 def trainer_case(loss_type: str, beta: float, corrected: bool, level: str, **extra: Any):
@@ -178,6 +141,13 @@ MATCHED = [
     trainer_case("bnpo", 0.0, False, "token", delta=1.5, epsilon_high=0.28),
     trainer_case("bnpo", 0.0, False, "token", delta=1.1),
     trainer_case("grpo", 0.0, False, "token", mask_truncated_completions=True),
+    # empty rows under sequence-level ratios: TRL's clip statistics count them (never clipped)
+    trainer_case("grpo", 0.04, True, "sequence", mask_truncated_completions=True),
+    trainer_case("bnpo", 0.0, False, "sequence", mask_truncated_completions=True, delta=1.5),
+    trainer_case("cispo", 0.0, False, "sequence", mask_truncated_completions=True,
+                 epsilon_high=1.0),
+    trainer_case("luspo", 0.0, False, "sequence", mask_truncated_completions=True),
+    trainer_case("vespo", 0.04, True, "token", mask_truncated_completions=True),
     trainer_case("dapo", 0.0, False, "token", top_entropy_quantile=0.5),
     trainer_case("grpo", 0.0, False, "token", off_policy_mask_threshold=0.01),
     trainer_case("bnpo", 0.04, True, "token", entropy_coef=0.05),

@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlk.integrations import UnsupportedOptionError
 from rlk.integrations import trl as rlk_trl
 
 from .conftest import require
@@ -153,8 +152,25 @@ def test_lm_head_under_bf16_autocast_is_closer_to_float64_than_trl() -> None:
     assert errors["rlk"] < 1e-2, errors
 
 
-def test_lm_head_refuses_outputs_rlk_does_not_compute() -> None:
-    hidden, weight, bias, targets = lm_head_inputs()
-    with pytest.raises(UnsupportedOptionError, match="is_top1"):
-        rlk_trl.LinearLogProbs.apply(hidden, weight, bias, targets, 1.0, 16, None, 1.0,
-                                     ("log_probs", "is_top1"))
+@pytest.mark.parametrize("outputs", [
+    ("log_probs", "entropy", "is_top1"),  # SFTTrainer
+    ("log_probs", "entropy", "mean_logits", "is_top1", "log_sum_sq_probs"),  # DPOTrainer (WPO)
+    ("log_probs", "entropy", "mean_logits"),  # KTOTrainer
+    rlk_trl.TRL_HEAD_DEFAULT_OUTPUTS,  # TRL's default
+])
+def test_lm_head_runs_trls_function_for_outputs_rlk_does_not_compute(outputs) -> None:
+    """A call asking for more than log-probs and entropy gets TRL's own results, bit for bit."""
+    hidden, weight, bias, targets = lm_head_inputs(seed=6)
+    results = []
+    for function in (trl_kernels.ChunkedLogProbFunction, rlk_trl.LinearLogProbs):
+        values = function.apply(hidden, weight, bias, targets, 0.8, 16, 2.0, 0.5, outputs)
+        differentiable = [value for value in values[:2] if value is not None]
+        grads = torch.autograd.grad(sum(value.sum() for value in differentiable),
+                                    (hidden, weight, bias))
+        results.append((*values, *grads))
+    assert sum(value is not None for value in results[0][:5]) == len(
+        set(outputs) | {"log_probs"})
+    for got, expected in zip(results[1], results[0], strict=True):
+        assert (got is None) == (expected is None)
+        if expected is not None:
+            assert torch.equal(got, expected)

@@ -117,6 +117,37 @@ POLICY_CASES = [
 ]
 
 
+@pytest.mark.parametrize("mode", list(MODES))
+def test_nan_log_probs_at_padding(patched: None, mode: str) -> None:
+    """Log-probs NaN where the response mask is 0 (padding a scorer left unfilled) change
+    nothing: the loss, the gradient at real tokens and every metric are verl's on the
+    same inputs with 0 at the padding; and every value verl itself keeps finite with the
+    NaNs (actor/ppo_kl among them) is rlk's (vanilla and cispo; verl's GSPO and SAPO
+    losses turn NaN)."""
+    clean = rollout(seed=3)
+    clean["rollout_is_weights"] = None
+    padding = clean["response_mask"] == 0
+    poisoned = {name: value.masked_fill(padding, float("nan"))
+                if name in ("log_prob", "old_log_prob") else value
+                for name, value in clean.items()}
+    call = dict(loss_agg_mode="token-mean", config=actor_config(**MODES[mode][0]))
+    want = loss_and_grad(VERL_LOSSES[mode], clean, **call)
+    verl_poisoned = loss_and_grad(VERL_LOSSES[mode], poisoned, **call)
+    got = loss_and_grad(core_algos.get_policy_loss_fn(mode), poisoned, **call)
+    keep = ~padding
+    torch.testing.assert_close(got[0], want[0], rtol=TOLERANCE, atol=TOLERANCE)
+    torch.testing.assert_close(got[1][keep], want[1][keep], rtol=TOLERANCE, atol=TOLERANCE)
+    assert set(got[2]) == set(want[2]) - UNREPORTED.get(mode, set())
+    for key, value in got[2].items():
+        assert value == pytest.approx(want[2][key], rel=TOLERANCE, abs=TOLERANCE), key
+        if np.isfinite(verl_poisoned[2][key]):
+            assert value == pytest.approx(verl_poisoned[2][key], rel=TOLERANCE,
+                                          abs=TOLERANCE), key
+    if torch.isfinite(verl_poisoned[0]):
+        torch.testing.assert_close(got[0], verl_poisoned[0], rtol=TOLERANCE, atol=TOLERANCE)
+    assert ("actor/ppo_kl" in got[2]) == (mode not in ("gpg",))
+
+
 def test_every_verl_policy_loss_is_routed_or_refused() -> None:
     assert set(MODES) == set(rlk_verl.POLICY_LOSSES)
     classified = {*rlk_verl.POLICY_LOSSES, *rlk_verl.REFUSED_POLICY_LOSSES, "bypass_mode"}
@@ -318,9 +349,16 @@ def test_advantage_estimators_match_verl(patched: None, name: str, options: dict
         name != "rloo_vectorized")
 
 
-def test_trainer_calls_grpo_by_name(patched: None) -> None:
-    # verl's ray_trainer.compute_advantage calls core_algos.compute_grpo_outcome_advantage
-    assert core_algos.compute_grpo_outcome_advantage is rlk_verl.compute_grpo_outcome_advantage
+def test_routed_functions_are_routed_by_name_too(patched: None) -> None:
+    """verl's ray_trainer calls compute_grpo_outcome_advantage by name, bypass_mode the
+    vanilla and REINFORCE losses; each routed estimator and loss is also rlk's under its
+    core_algos name, the same function as its registry entry."""
+    for name, function in {**rlk_verl.MODULE_ESTIMATORS, **rlk_verl.MODULE_LOSSES}.items():
+        assert getattr(core_algos, name) is function, name
+    for mode, loss in rlk_verl.POLICY_LOSSES.items():
+        assert rlk_verl.MODULE_LOSSES[VERL_LOSSES[mode].__name__] is loss
+    for name, estimator in rlk_verl.ESTIMATORS.items():
+        assert rlk_verl.MODULE_ESTIMATORS[VERL_ESTIMATORS[name].__name__] is estimator
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])

@@ -241,11 +241,16 @@ def test_autocast_bfloat16_hidden_with_float32_weight():
                                          data["advantages"], data["mask"])
     loss.backward()
     assert w.grad.dtype == torch.float32 and h.grad.dtype == torch.bfloat16
+    leaves = [h.detach().double().requires_grad_(True),
+              data["weight"].to(torch.bfloat16).double().requires_grad_(True)]
     want = reference.linear_policy_loss(
-        h.detach().reshape(-1, 16), data["weight"].to(torch.bfloat16),
-        data["tokens"].reshape(-1), old_logp=data["old_logp"], advantages=data["advantages"],
-        mask=data["mask"])
+        leaves[0].reshape(-1, 16), leaves[1], data["tokens"].reshape(-1),
+        old_logp=data["old_logp"], advantages=data["advantages"], mask=data["mask"])
     _close(loss, want[0], atol=1e-6, rtol=1e-5)  # float32 logits of the bf16 operands
+    want_grads = torch.autograd.grad(want[0], leaves)
+    # the float32 weight's gradient stays float32; the bf16 hidden's is rounded once
+    _close(w.grad, want_grads[1], atol=1e-6, rtol=1e-5)
+    _close(h.grad, want_grads[0], atol=1e-6, rtol=2.0**-8)
 
 
 def test_softcap_and_logit_scale():

@@ -22,11 +22,12 @@ from rlk.registry import Kernel
 
 
 class Out(NamedTuple):
-    """What one tensor a kernel returns must be."""
+    """What one tensor a kernel returns must be (`dtype`, or one of `alternatives`)."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype
     device: torch.device
+    alternatives: tuple[torch.dtype, ...] = ()
 
 
 # The outputs a kernel call must return, from that call's own arguments; None: not checked.
@@ -78,7 +79,7 @@ def check(kernel: Kernel, phase: str, result: Any, expected: tuple[Out | None, .
                                f"{len(expected)}")
     for index, want in enumerate(expected):  # a plain loop: this runs on every call
         got = outputs[index]
-        if want is not None and (not isinstance(got, Tensor) or got.dtype != want.dtype
+        if want is not None and (not isinstance(got, Tensor) or not _allowed(got.dtype, want)
                                  or got.shape != want.shape or got.device != want.device):
             found = (_describe(Out(tuple(got.shape), got.dtype, got.device))
                      if isinstance(got, Tensor) else f"{type(got).__name__}, not a tensor")
@@ -116,8 +117,14 @@ def _add_note(exc: BaseException, text: str) -> None:
         exc.__notes__ = [*getattr(exc, "__notes__", []), text]
 
 
+def _allowed(dtype: torch.dtype, want: Out) -> bool:
+    return dtype == want.dtype or dtype in want.alternatives
+
+
 def _describe(out: Out) -> str:
-    return f"{str(out.dtype).replace('torch.', '')} {list(out.shape)} on {out.device}"
+    names = " or ".join(dict.fromkeys(str(d).replace("torch.", "")
+                                      for d in (out.dtype, *out.alternatives)))
+    return f"{names} {list(out.shape)} on {out.device}"
 
 
 def _broken(kernel: Kernel, phase: str, problem: str) -> None:

@@ -4,7 +4,10 @@ The GEMM runs in one dtype. Under `torch.autocast` that is the autocast dtype, a
 `torch.nn.functional.linear` (a bfloat16 hidden state with a float32 `lm_head.weight`
 runs in bfloat16); outside it, inputs of one dtype keep it and float32 mixed with one
 reduced dtype runs in the reduced one (what autocast would have picked for it). The
-casts happen before the torch op, so autograd returns each gradient in its input's dtype.
+casts happen inside the torch ops (`to_gemm`), so autograd keeps the caller's tensors (no
+reduced copy of the weight lives from the forward to the backward) and each gradient
+comes back in its input's dtype, rounded once from the kernels' float32 where a kernel
+gives float32 (a float32 weight under autocast gets a float32 gradient, as from torch).
 
 `logit_scale` s multiplies the raw logits u before the soft cap c (the order of TRL's
 ChunkedLogProbFunction; vLLM caps first, which differs only when a model sets both, and
@@ -15,7 +18,9 @@ get the cap c / s and the temperature T / s, and never see the scale.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -27,12 +32,14 @@ from rlk._runtime.temperature import Temperature
 
 @dataclass(frozen=True)
 class Head:
-    """The LM head's tensors in the GEMM dtype (hidden flattened to [N, H]), the kernels' soft
-    cap and temperature (`logit_scale` folded into both) and hidden's leading shape."""
+    """The LM head's tensors in the caller's dtypes (hidden flattened to [N, H]), the dtype
+    their GEMM runs in, the kernels' soft cap and temperature (`logit_scale` folded into
+    both) and hidden's leading shape."""
 
     hidden: Tensor
     weight: Tensor
     bias: Tensor | None
+    dtype: torch.dtype
     softcap: float | None
     temperature: Temperature
     lead: tuple[int, ...]
@@ -70,9 +77,23 @@ def input_dtype(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> torch.dt
                     "or call under torch.autocast to pick the GEMM dtype")
 
 
+def to_gemm(args: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
+    """Kernel arguments with hidden, weight and bias in the GEMM dtype."""
+    bias = args["bias"]
+    return dict(args, hidden=args["hidden"].to(dtype), weight=args["weight"].to(dtype),
+                bias=None if bias is None else bias.to(dtype))
+
+
+def kernel_arguments(args: Mapping[str, Any]) -> dict[str, Any]:
+    """A linear op's arguments as its kernels take them: hidden, weight and bias in the GEMM
+    dtype, `gemm_dtype` itself dropped (the op's `Operator.kernel_arguments`)."""
+    rest = {name: value for name, value in args.items() if name != "gemm_dtype"}
+    return to_gemm(rest, args["gemm_dtype"])
+
+
 def prepare(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: object,
             softcap: object, logit_scale: object) -> Head:
-    """Validated head tensors (cast to the GEMM dtype) and options; ValueError/TypeError
+    """Validated head tensors (in the caller's dtypes) and options; ValueError/TypeError
     naming the expected and received values otherwise."""
     validate.tensor("hidden", hidden, validate.FLOATS)
     validate.tensor("weight", weight, validate.FLOATS)
@@ -98,9 +119,10 @@ def prepare(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: ob
     for size in lead:
         rows *= size
     return Head(
-        hidden=hidden.to(dtype).reshape(rows, width),
-        weight=weight.to(dtype),
-        bias=None if bias is None else bias.to(dtype),
+        hidden=hidden.reshape(rows, width),
+        weight=weight,
+        bias=bias,
+        dtype=dtype,
         softcap=None if cap is None else cap / scale,
         temperature=temp if scale == 1.0 else temp / scale,
         lead=lead,

@@ -43,8 +43,10 @@ class Operator:
     - `signature`: the operator's parameters, from kernel arguments (see signature.py).
     - `returns`: the schema type of each kernel output, None for an output this op never
       produces (logp's entropy); a plain "Tensor" for a kernel returning one tensor.
-    - `kernel_arguments`: the operator's arguments -> kernel arguments, when the kernel
-      takes more than the operator carries (group_advantages' dense group ids).
+    - `kernel_arguments`: the operator's arguments -> kernel arguments, when they differ
+      (group_advantages' dense group ids; the linear ops' inputs cast to their GEMM dtype).
+      It runs where the kernel does, inside autograd: the op saves the caller's tensors and
+      returns each gradient in its input's dtype.
     - `grad_inputs`: kernel arguments that may require grad, in the order `backward`
       returns their gradients; `backward`: the backward glue (see `Backward`), written once
       and run by both paths.
@@ -94,11 +96,12 @@ def define(spec: Any) -> Any:
                "(" + ", ".join(operator.returns[i] for i in produced) + ")")  # type: ignore[misc]
 
     def forward(*values: Any) -> Any:
-        args = operator.signature.decode(values)
-        if operator.kernel_arguments is not None:
-            args = operator.kernel_arguments(args)
+        given = operator.signature.decode(values)
+        args = given if operator.kernel_arguments is None else operator.kernel_arguments(given)
         with _autocast_off(operator, args[spec.main_input].device):
             result = spec.kernel(args).forward(**args)
+        if operator.grad_outputs:
+            result = _grads_in_input_dtypes(operator, result, given, spec.main_input)
         return _operator_outputs(operator, result, produced)
 
     def fake(*values: Any) -> Any:
@@ -128,6 +131,25 @@ def _operator_outputs(operator: Operator, result: Any, produced: tuple[int, ...]
     return tuple(result[i] for i in produced)
 
 
+def _as(grad: Tensor, given: Tensor | None) -> Tensor:
+    """A gradient in its input's dtype (kernels may give float32 for a reduced input)."""
+    if given is None or grad.dtype == given.dtype:
+        return grad
+    return grad.to(given.dtype)
+
+
+def _grads_in_input_dtypes(operator: Operator, result: Any, given: Mapping[str, Any],
+                           main_input: str) -> tuple[Any, ...]:
+    """An operator's gradient outputs in their inputs' dtypes; an empty one (not asked for)
+    in the main input's, as the fake gives it."""
+    outputs = list(result)
+    main = given[main_input]
+    for position, name in zip(operator.grad_outputs, operator.grad_inputs, strict=True):
+        grad = outputs[position]
+        outputs[position] = _as(grad, given[name] if grad.numel() else main)
+    return tuple(outputs)
+
+
 def _autocast_off(operator: Operator,
                   device: torch.device) -> contextlib.AbstractContextManager[object]:
     if not operator.without_autocast:
@@ -152,13 +174,16 @@ def _backward_operator(spec: Any) -> Any:
     def backward(grads: list[Tensor | None], *rest: Any) -> list[Tensor]:
         *values, saved, needs = rest
         args = signature.decode(values)
+        if operator.kernel_arguments is not None:
+            args = operator.kernel_arguments(args)
         for (_, name), value in zip(operator.saved_outputs, saved, strict=True):
             args[name] = value
         assert operator.backward is not None
         with _autocast_off(operator, args[spec.main_input].device):
             found = operator.backward(spec.kernel(args), args, tuple(grads), tuple(needs))
         anchor = next(v for v in values if isinstance(v, Tensor))
-        return [anchor.new_empty(0) if grad is None else grad for grad in found]
+        return [anchor.new_empty(0) if grad is None else _as(grad, values[pos])
+                for grad, pos in zip(found, positions, strict=True)]
 
     def fake(grads: list[Tensor | None], *rest: Any) -> list[Tensor]:
         values = rest[:-2]
@@ -254,25 +279,26 @@ def run(spec: Any, args: KernelArgs) -> Any:
     if traced(args):
         result = spec.torch_op(*operator.signature.encode(args))
         return _as_kernel_outputs(operator, result)
-    if operator.kernel_arguments is not None:
-        args = operator.kernel_arguments(args)
-    kernel = spec.kernel(args)
+    kernel_args = args if operator.kernel_arguments is None else operator.kernel_arguments(args)
+    kernel = spec.kernel(kernel_args)
     if operator.without_autocast:
-        with _autocast_off(operator, args[spec.main_input].device):
-            return _run_kernel(spec, operator, kernel, args)
-    return _run_kernel(spec, operator, kernel, args)
+        with _autocast_off(operator, kernel_args[spec.main_input].device):
+            return _run_kernel(spec, operator, kernel, args, kernel_args)
+    return _run_kernel(spec, operator, kernel, args, kernel_args)
 
 
-def _run_kernel(spec: Any, operator: Operator, kernel: BoundKernel, args: KernelArgs) -> Any:
-    """The eager path: the kernel itself, under autograd when an input requires grad."""
+def _run_kernel(spec: Any, operator: Operator, kernel: BoundKernel, args: KernelArgs,
+                kernel_args: KernelArgs) -> Any:
+    """The eager path: the kernel itself, under autograd when an input requires grad (which
+    gets the caller's tensors, `args`, and runs `kernel_arguments` itself)."""
     if torch.is_grad_enabled():
         for name in operator.grad_inputs:
             value = args[name]
             if value is not None and value.requires_grad:
                 call = _Call(operator, kernel, args, captured_policy(),
-                             args[spec.main_input].device)
+                             kernel_args[spec.main_input].device)
                 return _apply(call, *(args[name] for name in operator.grad_inputs))
-    result = kernel.forward(**args)
+    result = kernel.forward(**kernel_args)
     return result if not operator.grad_outputs else _visible(operator, result)
 
 
@@ -299,13 +325,14 @@ def _visible(operator: Operator, result: Any) -> Any:
 class _Call:
     """One eager call: what its backward needs besides the saved tensors."""
 
-    __slots__ = ("args", "device", "kernel", "names", "operator", "policy", "state")
+    __slots__ = ("args", "device", "dtypes", "kernel", "names", "operator", "policy", "state")
 
     def __init__(self, operator: Operator, kernel: BoundKernel, args: KernelArgs,
                  policy: Policy | None, device: torch.device):
         self.operator, self.kernel, self.args, self.policy = operator, kernel, args, policy
         self.device = device  # the main input's: autocast stays off there in the backward
         self.names: tuple[str, ...] = ()
+        self.dtypes: tuple[torch.dtype | None, ...] = ()  # of the grad inputs, as given
         self.state: Any = None  # what forward_with_grads left for backward_from
 
 
@@ -326,13 +353,16 @@ class _KernelFunction(torch.autograd.Function):
             value = args[name]
             if value is not None:
                 args[name] = value.detach()
+        call.dtypes = tuple(None if value is None else value.dtype for value in inputs)
+        kernel_args = (args if operator.kernel_arguments is None
+                       else operator.kernel_arguments(args))
         fused = operator.forward_with_grads
-        done = None if fused is None else fused(call.kernel, args)
+        done = None if fused is None else fused(call.kernel, kernel_args)
         if done is not None:
             outputs, call.state = done
             call.args = {}
         else:
-            outputs = call.kernel.forward(**args)
+            outputs = call.kernel.forward(**kernel_args)
             if operator.grad_outputs:
                 outputs = _visible(operator, outputs)
             names, tensors = [], []
@@ -365,17 +395,22 @@ def _backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
     operator = call.operator
     if call.state is not None:
         assert operator.backward_from is not None
-        return (None, *operator.backward_from(call.state, grads))
+        return (None, *_in_dtypes(operator.backward_from(call.state, grads), call.dtypes))
     assert operator.backward is not None
     args = dict(call.args)
     for name, value in zip(call.names, ctx.saved_tensors, strict=True):
         args[name] = value
-    with ScopedPolicy(call.policy):
-        needs = ctx.needs_input_grad[1:]
-        if not operator.without_autocast:
-            return (None, *operator.backward(call.kernel, args, grads, needs))
-        with _autocast_off(operator, call.device):
-            return (None, *operator.backward(call.kernel, args, grads, needs))
+    if operator.kernel_arguments is not None:
+        args = operator.kernel_arguments(args)
+    with ScopedPolicy(call.policy), _autocast_off(operator, call.device):
+        found = operator.backward(call.kernel, args, grads, ctx.needs_input_grad[1:])
+    return (None, *_in_dtypes(found, call.dtypes))
+
+
+def _in_dtypes(grads: Grads, dtypes: tuple[torch.dtype | None, ...]) -> Grads:
+    """Gradients in their inputs' dtypes (kernels may give float32 for a reduced input)."""
+    return tuple(grad if grad is None or dtype is None or grad.dtype == dtype
+                 else grad.to(dtype) for grad, dtype in zip(grads, dtypes, strict=True))
 
 
 def _backward_refusing_double(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:

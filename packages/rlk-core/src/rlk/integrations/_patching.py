@@ -12,6 +12,7 @@ import contextlib
 import importlib.metadata
 import re
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -114,7 +115,10 @@ class Adapter:
     """`patch()`, `unpatch()`, `is_patched()` and `patched()` for one framework.
 
     `install` makes the swaps on a fresh `Patches`; it runs after the version check,
-    and a failure part-way undoes the swaps already made.
+    and a failure part-way undoes the swaps already made. The framework's functions are
+    process-wide, so one lock orders every patch and unpatch (two threads patching at
+    once install the swaps once), and `patched()` blocks share a patch one of them made:
+    it stays until the last of them exits.
     """
 
     def __init__(self, distribution: str, supported: tuple[Version, Version], tested: str,
@@ -124,6 +128,9 @@ class Adapter:
         self.tested = tested
         self._install = install
         self._active: Patches | None = None
+        self._lock = threading.RLock()
+        self._blocks = 0  # patched() blocks open on the patch a block made
+        self._pinned = False  # patch() was called: no block unpatches
 
     def patch(self) -> None:
         """Route the framework's functions to rlk (idempotent).
@@ -131,6 +138,11 @@ class Adapter:
         Raises UnsupportedVersionError when the installed version is outside the tested
         range, ImportError when the framework is not installed.
         """
+        with self._lock:
+            self._install_once()
+            self._pinned = True
+
+    def _install_once(self) -> None:
         if self._active is not None:
             return
         check_version(self.distribution, *self.supported, self.tested)
@@ -144,20 +156,31 @@ class Adapter:
 
     def unpatch(self) -> None:
         """Put the framework's own functions back (a no-op when not patched)."""
-        if self._active is not None:
-            self._active.restore()
-            self._active = None
+        with self._lock:
+            if self._active is not None:
+                self._active.restore()
+                self._active = None
+            self._pinned = False
 
     def is_patched(self) -> bool:
         return self._active is not None
 
     @contextlib.contextmanager
     def patched(self) -> Iterator[None]:
-        """`patch()` for the block; unpatches on exit only if the block patched."""
-        owner = not self.is_patched()
-        self.patch()
+        """`patch()` for the block; on exit, unpatches if a block patched and no other
+        block (in any thread) is still open on that patch."""
+        with self._lock:
+            if self._active is None:
+                self._install_once()
+                self._pinned = False
+                self._blocks = 0
+            shared = None if self._pinned else self._active
+            self._blocks += shared is not None
         try:
             yield
         finally:
-            if owner:
-                self.unpatch()
+            with self._lock:
+                if shared is not None and shared is self._active:
+                    self._blocks -= 1
+                    if self._blocks == 0 and not self._pinned:
+                        self.unpatch()

@@ -28,13 +28,16 @@ import torch
 from torch import Tensor
 
 import rlk
+from rlk.integrations import trl_metrics
 from rlk.integrations._patching import Adapter, Patches, UnsupportedOptionError
 
 SUPPORTED = ((1, 16), (1, 17))  # trl >=1.16,<1.17
 TESTED = "trl 1.16.0 with transformers 5.24.0"
 
-# the per-token outputs TRL's fused LM head may ask for, and those rlk computes
+# the per-token outputs of TRL's fused LM head that rlk computes (TRL's function serves a
+# call that asks for more), and those TRL's function computes when not told
 LM_HEAD_OUTPUTS = ("log_probs", "entropy")
+TRL_HEAD_DEFAULT_OUTPUTS = ("entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
 # inputs GRPOTrainer forwards from the batch to the model (multimodal and token-type fields)
 _MODEL_INPUTS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask",
                  "spatial_shapes", "num_tiles", "image_sizes", "token_type_ids",
@@ -76,23 +79,27 @@ def selective_log_softmax_and_entropy(logits: Tensor, index: Tensor,
 class LinearLogProbs:
     """TRL's `ChunkedLogProbFunction.apply` contract, served by rlk.linear_logp(_entropy).
 
-    Returns (log_probs, entropy, log_sum_sq_probs, mean_logits, is_top1) as TRL does;
-    rlk computes the first two, so asking for the others raises. The logit scale, soft
-    cap and temperature apply in TRL's order; under torch.autocast the GEMM runs in the
-    autocast dtype as in TRL, but rlk keeps its logits in float32 where TRL rounds them
-    to that dtype. `chunk_size` is TRL's tiling knob; rlk picks its own chunks. While
+    Returns (log_probs, entropy, log_sum_sq_probs, mean_logits, is_top1) as TRL does. rlk
+    computes the first two; a call that asks for any other (SFTTrainer's `is_top1`,
+    DPOTrainer's `mean_logits`, `is_top1` and `log_sum_sq_probs`, KTOTrainer's
+    `mean_logits`) runs TRL's own function, whole. The logit scale, soft cap and
+    temperature apply in TRL's order; under torch.autocast the GEMM runs in the autocast
+    dtype as in TRL, but rlk keeps its logits in float32 where TRL rounds them to that
+    dtype. `chunk_size` is TRL's tiling knob; rlk picks its own chunks. While
     `_compute_loss` has armed a fused loss, the call computes that loss instead.
     """
 
     @staticmethod
     def apply(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
               temperature: float, chunk_size: int, final_logit_softcapping: float | None = None,
-              logit_scale: float = 1.0, outputs: tuple[str, ...] = LM_HEAD_OUTPUTS,
+              logit_scale: float = 1.0, outputs: tuple[str, ...] = TRL_HEAD_DEFAULT_OUTPUTS,
               ) -> tuple[Tensor | None, ...]:
-        unknown = sorted(set(outputs) - set(LM_HEAD_OUTPUTS))
-        if unknown:
-            raise UnsupportedOptionError(
-                f"the fused LM head was asked for {unknown}; rlk computes {list(LM_HEAD_OUTPUTS)}")
+        if not set(outputs) <= set(LM_HEAD_OUTPUTS):
+            from trl.kernels.chunked_logprob import ChunkedLogProbFunction
+
+            return ChunkedLogProbFunction.apply(hidden, weight, bias, targets, temperature,
+                                                chunk_size, final_logit_softcapping,
+                                                logit_scale, outputs)
         head: dict[str, Any] = dict(bias=bias, temperature=temperature,
                                     softcap=final_logit_softcapping, logit_scale=logit_scale)
         fused = _FUSED_LOSS.get()
@@ -308,11 +315,11 @@ def _compute_loss(self: Any, model: Any, inputs: dict[str, Any]) -> Tensor:
         ref_logp=inputs.get("ref_per_token_logps") if self.beta != 0.0 else None,
         options=options, **_normaliser(self, inputs, completion_ids.size(0), training))
     if fuses_head_and_loss(self, inputs):
+        old_logps = inputs["old_per_token_logps"]
         loss, metrics, aux_loss = _fused_loss(
             self, model, inputs, input_ids, attention_mask,
-            dict(policy, old_logp=inputs["old_per_token_logps"],
-                 importance_weights=_sampling_weights(self, inputs)))
-        entropy_mean = metrics["entropy"]
+            dict(policy, old_logp=old_logps, importance_weights=_sampling_weights(self, inputs)))
+        logps, entropy_mean = metrics["logp"], metrics["entropy"]
     else:
         logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True,
@@ -333,8 +340,9 @@ def _compute_loss(self: Any, model: Any, inputs: dict[str, Any]) -> Tensor:
             loss = loss - _entropy_bonus(self, entropies, bonus_mask, training)
     if self.aux_loss_enabled:
         loss = loss + self.router_aux_loss_coef * aux_loss / _accumulation(self, training)
-    _log_metrics(self, "train" if training else "eval", options, metrics, entropy_mean, mask,
-                 aux_loss)
+    mode = "train" if training else "eval"
+    trl_metrics.log_metrics(self, mode, metrics, entropy_mean, mask, aux_loss)
+    trl_metrics.log_ratio_metrics(self, mode, inputs, logps.detach(), old_logps, mask)
     return loss
 
 
@@ -389,38 +397,6 @@ def _entropy_bonus(trainer: Any, entropies: Tensor, mask: Tensor, training: bool
     if training and trainer.accelerator.sync_gradients:
         trainer._metrics["train"]["entropy_coef"].append(trainer.entropy_coef)
     return bonus
-
-
-def _log_metrics(trainer: Any, mode: str, options: rlk.PolicyLossOptions,
-                 metrics: Mapping[str, Tensor], entropy_mean: Tensor, mask: Tensor,
-                 aux_loss: Tensor | None) -> None:
-    """TRL's metric names from rlk's metrics, reduced over processes as TRL does.
-
-    rlk averages a sequence-level ratio's clip statistics over sequences, as TRL does.
-    """
-    tokens = mask.sum().float()
-    sequences = torch.tensor(float(mask.shape[0]), device=mask.device)
-    logged = trainer._metrics[mode]
-
-    def global_mean(local_mean: Tensor, count: Tensor = tokens) -> float:
-        totals = trainer.accelerator.reduce(torch.stack([local_mean * count, count]),
-                                            reduction="sum")
-        return float(totals[0] / totals[1].clamp(min=1.0))
-
-    if trainer.beta != 0.0:
-        logged["kl"].append(global_mean(metrics["mean_kl"]))
-    logged["entropy"].append(global_mean(entropy_mean.detach()))
-    clip_count = tokens if options.ratio_level == "token" else sequences
-    if options.objective == "ppo":
-        low, high = metrics["clip_low_fraction"], metrics["clip_high_fraction"]
-        # TRL's region is low or high (disjoint: they need advantages of opposite signs)
-        for name, value in (("low_mean", low), ("high_mean", high), ("region_mean", low + high)):
-            logged[f"clip_ratio/{name}"].append(global_mean(value, clip_count))
-    elif options.objective == "cispo":
-        logged["cispo_clip_ratio"].append(global_mean(metrics["clip_high_fraction"], clip_count))
-    if aux_loss is not None:
-        logged["aux_loss"].append(
-            trainer.accelerator.gather_for_metrics(aux_loss).mean().item())
 
 
 # ---------------------------------------------------------------------------

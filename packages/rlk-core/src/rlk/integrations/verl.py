@@ -141,13 +141,15 @@ def _reinforce(log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
 
 def _negative_log_ratio(old_log_prob: Tensor, log_prob: Tensor, mask: Tensor,
                         bound: float | None = None) -> float:
-    """verl's `actor/ppo_kl` diagnostic: the token mean of log(π_old / π), clamped as the
-    mode clamps it."""
+    """verl's `actor/ppo_kl` diagnostic: the mask-weighted mean of log(π_old / π), clamped
+    as the mode clamps it; whatever the log-probs hold where the mask is 0 (NaN at
+    padding) stays out, as in verl's masked_mean."""
     values = (old_log_prob - log_prob.detach()).float()
     if bound is not None:
         values = values.clamp(-bound, bound)
-    keep = (mask != 0).float()
-    return float((values * keep).sum() / keep.sum().clamp(min=1.0))
+    weights = mask.float()
+    values = torch.where(mask != 0, values, 0.0) * weights
+    return float(values.sum() / (weights.sum() + 1e-8))
 
 
 def _clamped_metrics(old_log_prob: Tensor, log_prob: Tensor, mask: Tensor,
@@ -278,11 +280,10 @@ REFUSED_POLICY_LOSSES: Mapping[str, str] = {
     "kl_cov": "KL-Cov penalises |log ratio| on the top-k tokens by advantage-logp covariance",
     "geo_mean": "GMPO takes the geometric mean of sign-clipped token ratios per sequence",
 }
-# module functions verl calls by name: bypass_mode's two loss types
+# the routed losses under their names in core_algos (rlk's functions carry verl's names):
+# bypass_mode calls vanilla and reinforce by name; user code and verl's tests call any
 MODULE_LOSSES: Mapping[str, PolicyLoss] = {
-    "compute_policy_loss_vanilla": compute_policy_loss_vanilla,
-    "compute_policy_loss_reinforce": compute_policy_loss_reinforce,
-}
+    loss.__name__: loss for loss in (*POLICY_LOSSES.values(), compute_policy_loss_reinforce)}
 
 
 # ---------------------------------------------------------------------------
@@ -359,6 +360,14 @@ ESTIMATORS: Mapping[str, Callable[..., tuple[Tensor, Tensor]]] = {
     "rloo": compute_rloo_outcome_advantage,
     "rloo_vectorized": compute_rloo_vectorized_outcome_advantage,
 }
+# the same estimators under their names in core_algos (verl's trainer calls
+# compute_grpo_outcome_advantage by name; user code and verl's tests call any of them)
+MODULE_ESTIMATORS: Mapping[str, Callable[..., tuple[Tensor, Tensor]]] = {
+    "compute_grpo_outcome_advantage": compute_grpo_outcome_advantage,
+    "compute_grpo_vectorized_outcome_advantage": compute_grpo_outcome_advantage,
+    "compute_rloo_outcome_advantage": compute_rloo_outcome_advantage,
+    "compute_rloo_vectorized_outcome_advantage": compute_rloo_vectorized_outcome_advantage,
+}
 
 
 # ---------------------------------------------------------------------------
@@ -382,8 +391,8 @@ def _install(patches: Patches) -> None:
     patches.swap_everywhere(core_algos, "kl_penalty", kl_penalty)
     for name, estimator in ESTIMATORS.items():
         patches.swap_entry(core_algos.ADV_ESTIMATOR_REGISTRY, name, estimator)
-    patches.swap_everywhere(core_algos, "compute_grpo_outcome_advantage",
-                            compute_grpo_outcome_advantage)
+    for name, estimator in MODULE_ESTIMATORS.items():
+        patches.swap_everywhere(core_algos, name, estimator)
 
 
 _ADAPTER = Adapter("verl", SUPPORTED, TESTED, _install)

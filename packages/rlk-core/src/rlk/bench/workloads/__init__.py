@@ -14,13 +14,16 @@ from rlk.bench.workloads import (
     logp,
     policy_loss,
     sample,
+    trl_grpo,
 )
 
 ORDER = ("logp", "logp-bwd", "linear-logp", "linear-policy-loss", "sample", "logp-entropy",
-         "policy-loss", "group-advantages", "logp-native")
-# one module per op, named after it (tests/test_bench.py checks them against the op table)
+         "policy-loss", "group-advantages", "logp-native", "trl-grpo")
+# one module per op, named after it, and whole trainer steps (tests/test_op_table.py checks
+# both against the op table)
 MODULES = (logp, linear_logp, linear_policy_loss, sample, policy_loss, group_advantages)
-_ALL = {w.name: w for module in MODULES for w in module.WORKLOADS}
+STEPS = (trl_grpo,)
+_ALL = {w.name: w for module in (*MODULES, *STEPS) for w in module.WORKLOADS}
 WORKLOADS: dict[str, Workload] = {name: _ALL[name] for name in ORDER}
 
 

@@ -4,8 +4,8 @@ The [N, V] logits never exist: each chunk of rows is multiplied out in float32
 (rlk._runtime.lm_head), soft-capped if asked, handed to the logp kernel the dispatcher picks for
 it (so a GPU backend's fused logp serves this path too), and dropped. The backward
 recomputes the chunk's logits, turns them into the logits gradient in place, and folds it
-into the hidden, weight and bias gradients (weight and bias accumulate in float32 across
-chunks).
+into the hidden, weight and bias gradients, returned in float32 (weight and bias accumulate
+in float32 across chunks; the op rounds each once, to its caller's dtype).
 """
 
 from __future__ import annotations
@@ -109,9 +109,7 @@ def backward(grad_logp: Tensor, grad_entropy: Tensor | None, hidden: Tensor, wei
         shard = shards.layout(vocab, group, hidden.device)
         codes = shards.backward_tokens(tokens, shard, ignore_index)
         kernel_ignore = shards.KERNEL_IGNORE
-    # a sharded hidden gradient is summed over ranks: keep it in float32 until then
-    hidden_dtype = torch.float32 if sharded else hidden.dtype
-    grad_hidden = torch.empty(hidden.shape, dtype=hidden_dtype, device=hidden.device) \
+    grad_hidden = torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device) \
         if need_hidden else None
     grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
         if need_weight else None
@@ -136,7 +134,8 @@ def backward(grad_logp: Tensor, grad_entropy: Tensor | None, hidden: Tensor, wei
         if slope is not None:
             grad_logits.mul_(slope)
         if grad_hidden is not None:
-            grad_hidden[start:stop] = grad_logits.to(operand.dtype) @ operand
+            # grad_logits @ weight by the logits' float32-output GEMM
+            lm_head.float32_logits(grad_logits, operand.t(), None, out=grad_hidden[start:stop])
         if grad_weight is not None:
             # ignored rows have a zero logits gradient; their hidden state may be NaN
             ignored = (tokens[start:stop] == ignore_index).unsqueeze(1)
@@ -146,9 +145,4 @@ def backward(grad_logp: Tensor, grad_entropy: Tensor | None, hidden: Tensor, wei
             grad_bias += grad_logits.sum(dim=0)
     if grad_hidden is not None and group is not None:
         dist.all_reduce(grad_hidden, op=dist.ReduceOp.SUM, group=group)
-        grad_hidden = grad_hidden.to(hidden.dtype)
-    return (
-        grad_hidden,
-        None if grad_weight is None else grad_weight.to(weight.dtype),
-        None if grad_bias is None or bias is None else grad_bias.to(bias.dtype),
-    )
+    return grad_hidden, grad_weight, grad_bias

@@ -47,6 +47,7 @@ def _prepare(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None
         "ignore_index": ignore_index,
         "group": group,
         "softcap": prepared.softcap,
+        "gemm_dtype": prepared.dtype,
     }
     return args, prepared.lead
 
@@ -78,7 +79,8 @@ _LSE = torch.float64  # the saved log-sum-exp, as the logp kernels write and rea
 def _signature(with_entropy: bool) -> Signature:
     return Signature((plain("hidden", "Tensor"), plain("weight", "Tensor"),
                       plain("tokens", "Tensor"), plain("bias", "Tensor?"), temperature_param(),
-                      plain("ignore_index", "int"), group_param(), plain("softcap", "float?")),
+                      plain("ignore_index", "int"), group_param(), plain("softcap", "float?"),
+                      plain("gemm_dtype", "ScalarType")),
                      fixed={"with_entropy": with_entropy})
 
 
@@ -106,7 +108,7 @@ def _operator(with_entropy: bool) -> Operator:
                     returns=("Tensor", "Tensor" if with_entropy else None, "Tensor"),
                     grad_inputs=("hidden", "weight", "bias"), backward=_backward,
                     detached_outputs=(2,), saved_outputs=((1, "entropy"), (2, "lse")),
-                    without_autocast=True)
+                    kernel_arguments=head.kernel_arguments, without_autocast=True)
 
 
 # ---------------------------------------------------------------------------
@@ -238,6 +240,7 @@ def _public_prepare(with_entropy: bool):
                 softcap: float | None = None, logit_scale: float = 1.0) -> dict[str, Any]:
         args, _ = _prepare(hidden, weight, tokens, bias, temperature, ignore_index, group,
                            softcap, logit_scale)
+        args = head.kernel_arguments(args)
         args["with_entropy"] = with_entropy
         return args
 
@@ -289,7 +292,8 @@ def _opcheck_case(args: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
     op = (torch.ops.rlk.linear_logp_entropy.default if args["with_entropy"]
           else torch.ops.rlk.linear_logp.default)
     leaves = {name: leaf(args[name]) for name in ("hidden", "weight", "bias")}
-    return op, _signature(args["with_entropy"]).encode(dict(args, **leaves))
+    return op, _signature(args["with_entropy"]).encode(
+        dict(args, **leaves, gemm_dtype=args["hidden"].dtype))
 
 
 def _batch_slice(args: dict[str, Any], start: int, stop: int) -> dict[str, Any] | None:
@@ -304,7 +308,9 @@ def _batch_slice(args: dict[str, Any], start: int, stop: int) -> dict[str, Any] 
 
 def _output_meta(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
                  temperature: Temperature, ignore_index: int, with_entropy: bool, group: Any,
-                 softcap: float | None) -> tuple[Out | None, ...]:
+                 softcap: float | None, **_: Any) -> tuple[Out | None, ...]:
+    """logp (and entropy) float32, lse float64, one per row (also from the operator's
+    arguments, whose gemm_dtype the kernels never see)."""
     row = Out((hidden.shape[0],), torch.float32, hidden.device)
     return row, (row if with_entropy else None), Out((hidden.shape[0],), _LSE, hidden.device)
 
@@ -315,8 +321,8 @@ def _grad_meta(grad_logp: Tensor, grad_entropy: Tensor | None, hidden: Tensor, w
                needs_input_grad: tuple[bool, bool, bool], *_: Any) -> tuple[Out | None, ...]:
     inputs = (hidden, weight, bias)
     return tuple(
-        Out(tuple(value.shape), value.dtype, value.device) if need and value is not None
-        else None
+        Out(tuple(value.shape), value.dtype, value.device, (torch.float32,))
+        if need and value is not None else None
         for value, need in zip(inputs, needs_input_grad, strict=True)
     )
 
@@ -333,8 +339,8 @@ def _shape_call(shape: Any, dtype: torch.dtype) -> tuple[tuple[Any, ...], dict[s
 # Logits are float32 whatever the inputs' dtype (products of bf16/fp16 values are exact in
 # float32): only float32 accumulation separates a kernel from the float64 reference.
 _TOLERANCES = {dtype: Tolerance(atol=2e-5, rtol=1e-5) for dtype in validate.FLOATS}
-# The logits gradient is rounded to the inputs' dtype before the two matrix products, and
-# the gradients are written in it.
+# The logits gradient is rounded to the inputs' dtype before the two matrix products (a
+# kernel may write the gradients in float32 or in the inputs' dtype).
 _GRAD_TOLERANCES = {
     torch.float32: Tolerance(atol=1e-5, rtol=1e-5),
     torch.bfloat16: Tolerance(atol=4e-2, rtol=3e-2),

@@ -202,11 +202,12 @@ class ChunkOps:
         acc.addmm_(grad.t().float(), rows.float())
 
     def weight_grad(self, acc: Tensor) -> Tensor:
-        return acc.to(self.weight.dtype)
+        return acc
 
     def hidden_grad(self, grad: Tensor, out: Tensor) -> None:
-        """out = grad @ weight, the chunk's rows of grad_hidden."""
-        out.copy_(grad @ self.operand)
+        """out = grad @ weight, the chunk's rows of grad_hidden (float32), by the logits'
+        float32-output GEMM."""
+        lm_head.float32_logits(grad, self.operand.t(), None, out=out)
 
     def loss_grads(self, policy: Mapping[str, Any], entropy_coef: float) -> LossGrads:
         """The loss's token gradients: policy_loss's native per-token functions."""
@@ -330,10 +331,8 @@ def run(ops: ChunkOps, tokens: Tensor, temperature: Temperature, ignore_index: i
         return _two_pass(ops, tokens, temperature, ignore_index, grads_of,
                          (want_h, want_w, want_b))
     step = ops.chunk_rows() if path == TOKENS else max(1, ops.chunk_rows() // length) * length
-    sharded = ops.group is not None
     grads = Grads(
-        hidden=(torch.empty(hidden.shape, dtype=torch.float32 if sharded else hidden.dtype,
-                            device=device) if want_h else None),
+        hidden=torch.empty(hidden.shape, **f32) if want_h else None,
         weight=ops.new_weight_grad() if want_w else None,
         bias=torch.zeros(weight.shape[0], **f32) if want_b else None)
     for start, stop in _chunks(rows, step):
@@ -344,11 +343,10 @@ def run(ops: ChunkOps, tokens: Tensor, temperature: Temperature, ignore_index: i
         dist.all_reduce(grads.hidden, op=dist.ReduceOp.SUM, group=ops.group)
     grad_hidden, grad_weight, grad_bias = grads.hidden, grads.weight, grads.bias
     loss, metrics = grads_of.loss(logp, entropy)
-    return (loss, metrics, logp,
-            _or_empty(None if grad_hidden is None else grad_hidden.to(hidden.dtype), hidden),
+    # grad_hidden and grad_bias in float32 (the op rounds them once, to its caller's dtypes)
+    return (loss, metrics, logp, _or_empty(grad_hidden, hidden),
             _or_empty(None if grad_weight is None else ops.weight_grad(grad_weight), hidden),
-            _or_empty(None if grad_bias is None or bias is None else grad_bias.to(bias.dtype),
-                      hidden))
+            _or_empty(grad_bias, hidden))
 
 
 def _or_empty(grad: Tensor | None, like: Tensor) -> Tensor:

@@ -79,7 +79,9 @@ def _prepare(hidden: Tensor, weight: Tensor, tokens: Tensor, old_logp: Tensor,
              advantages: Tensor, mask: Tensor, bias: Tensor | None, temperature: Temperature,
              ignore_index: int, group: Any, entropy_coef: float, softcap: float | None,
              logit_scale: float, options: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate public arguments; return kernel arguments (needs_input_grad left to the caller)."""
+    """Validate public arguments; return the op's arguments: the kernel's, with hidden, weight
+    and bias in the caller's dtypes and their GEMM's as gemm_dtype (needs_input_grad left
+    to the caller)."""
     validate.tensor("tokens", tokens, validate.INDICES)
     prepared = head.prepare(hidden, weight, bias, temperature, softcap, logit_scale)
     _check_layout(prepared.lead, tokens, old_logp)
@@ -109,6 +111,7 @@ def _prepare(hidden: Tensor, weight: Tensor, tokens: Tensor, old_logp: Tensor,
         "entropy_coef": coef,
         "policy": policy,
         "needs_input_grad": (False, False, False),
+        "gemm_dtype": prepared.dtype,
     }
 
 
@@ -137,7 +140,7 @@ SIGNATURE = Signature((
     plain("bias", "Tensor?"), temperature_param(), plain("ignore_index", "int"), group_param(),
     plain("softcap", "float?"), plain("entropy_coef", "float"),
     flags_param("needs_input_grad", ("need_hidden", "need_weight", "need_bias")),
-    nested_param("policy", policy_losses.SIGNATURE.params[1:]),
+    plain("gemm_dtype", "ScalarType"), nested_param("policy", policy_losses.SIGNATURE.params[1:]),
 ))
 
 
@@ -263,7 +266,7 @@ def _samples(device: torch.device, dtype: torch.dtype) -> Iterator[Sample]:
                         -100, None, extra.get("entropy_coef", 0.0), extra.get("softcap"), 1.0,
                         options)
         args["needs_input_grad"] = (True, True, bias)
-        return Sample(name, args)
+        return Sample(name, head.kernel_arguments(args))
 
     yield case("ppo")
     yield case("kl-k3-seq-mean", ref=True, kl_coef=0.1, agg="seq-mean-token-mean")
@@ -300,7 +303,7 @@ def _public_prepare(hidden: Tensor, weight: Tensor, tokens: Tensor, old_logp: Te
     args = _prepare(hidden, weight, tokens, old_logp, advantages, mask, bias, temperature,
                     ignore_index, group, entropy_coef, softcap, logit_scale, options)
     args["needs_input_grad"] = _needs_grad(args["hidden"], args["weight"], args["bias"])
-    return args
+    return head.kernel_arguments(args)
 
 
 def _reference_loss(args: Mapping[str, Any], hidden: Any, weight: Any,
@@ -345,17 +348,18 @@ def _opcheck_case(args: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
         return None if value is None else value.detach().clone().requires_grad_(True)
 
     call = dict(args, hidden=leaf(args["hidden"]), weight=leaf(args["weight"]),
-                bias=leaf(args["bias"]))
+                bias=leaf(args["bias"]), gemm_dtype=args["hidden"].dtype)
     return torch.ops.rlk.linear_policy_loss.default, SIGNATURE.encode(call)
 
 
 def _output_meta(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
                  needs_input_grad: tuple[bool, bool, bool], **_: Any) -> tuple[Out | None, ...]:
-    """(loss, metrics, logp) in float32, then each gradient asked for in its input's dtype
-    (an empty tensor of hidden's dtype for one not asked for)."""
+    """(loss, metrics, logp) in float32, then each gradient asked for in float32 or its
+    input's dtype (an empty tensor of hidden's dtype for one not asked for)."""
     device = hidden.device
     empty = Out((0,), hidden.dtype, device)
-    grads = tuple(Out(tuple(value.shape), value.dtype, device) if need and value is not None
+    grads = tuple(Out(tuple(value.shape), value.dtype, device, (torch.float32,))
+                  if need and value is not None
                   else empty
                   for value, need in zip((hidden, weight, bias), needs_input_grad, strict=True))
     return (Out((), torch.float32, device), Out((len(METRIC_NAMES),), torch.float32, device),
@@ -374,8 +378,8 @@ def _shape_call(shape: Any, dtype: torch.dtype) -> tuple[tuple[Any, ...], dict[s
 
 
 # The logits are float32 whatever the inputs' dtype: the loss and logp are as close to float64
-# as policy_loss on exact log-probabilities; the gradients are rounded to the inputs' dtype
-# (the logits gradient once before the GEMMs, the results once).
+# as policy_loss on exact log-probabilities; the logits gradient is rounded to the inputs'
+# dtype once before the GEMMs (a kernel may write the results in float32 or that dtype).
 _TOLERANCES = {dtype: Tolerance(atol=2e-5, rtol=1e-5) for dtype in validate.FLOATS}
 _GRAD_TOLERANCES = {
     torch.float32: Tolerance(atol=1e-5, rtol=1e-4),
@@ -399,7 +403,7 @@ LINEAR_POLICY_LOSS = OpSpec(
     operator=Operator(SIGNATURE, returns=("Tensor",) * 6, grad_inputs=("hidden", "weight", "bias"),
                       detached_outputs=(1, 2), grad_outputs=(3, 4, 5),
                       forward_with_grads=_forward_with_grads, backward_from=_scaled_grads,
-                      without_autocast=True),
+                      kernel_arguments=head.kernel_arguments, without_autocast=True),
     doc="policy_loss of linear_logp's log-probabilities (and an entropy bonus) in three GEMMs",
     native=NativeKernel("rlk.ops.linear_policy_loss.native:forward", uses=("logp_entropy",)),
     output_meta=_output_meta,

@@ -3,16 +3,11 @@ and the kit fails, saying why, on a backend that serves nothing it should."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from local_dist import install
-
-from rlk_testbackend import FAILING_PLUGINS
+from local_dist import install, passed, run_kit
 
 REPO = Path(__file__).resolve().parents[1]
 GUIDE = REPO / "docs/backends/writing-a-backend.md"
@@ -33,22 +28,6 @@ def build(root: Path, **edits: tuple[str, str]) -> None:
     install(root, files.pop("pyproject.toml"), files)
 
 
-def run_kit(root: Path, backend: str, *args: str,
-            disabled: str = FAILING_PLUGINS) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "RLK_DISABLE_PLUGINS": disabled, "RLK_STRICT_PLUGINS": "1",
-           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "--pyargs", "rlk.testing", "--rlk-backend", backend,
-         "--rlk-device", "cpu", "-q", "-p", "no:cacheprovider", *args],
-        cwd=root, env=env, capture_output=True, text=True, check=False,
-    )
-
-
-def _passed(output: str) -> int:
-    found = re.search(r"(\d+) passed", output)
-    return int(found.group(1)) if found else 0
-
-
 def test_the_guide_holds_a_whole_backend():
     assert set(guide_files()) == {"pyproject.toml", "rlk_mybackend/__init__.py",
                                   "rlk_mybackend/plugin.py", "rlk_mybackend/kernels.py"}
@@ -58,7 +37,7 @@ def test_the_backend_in_the_guide_passes_the_kit(tmp_path):
     build(tmp_path)
     done = run_kit(tmp_path, "mybackend")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert _passed(done.stdout) > 200, done.stdout[-2000:]
+    assert passed(done.stdout) > 200, done.stdout[-2000:]
 
 
 def test_the_kit_fails_on_a_backend_whose_probe_refuses_everything(tmp_path):

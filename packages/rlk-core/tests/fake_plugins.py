@@ -8,7 +8,7 @@ import rlk
 from rlk.native import logp as native_logp
 from rlk.native import policy_loss as native_policy_loss
 
-RLK_PLUGIN_API = "1.0"
+RLK_PLUGIN_API = "2.0"
 calls: dict[str, int] = {"fast": 0, "check": 0, "with_grad": 0, "loss_backward": 0}
 
 
@@ -228,4 +228,4 @@ reentrant, hijacker, annexer, exiting = Reentrant(), Hijacker(), Annexer(), Exit
 interrupting, slow, future, hookless = Interrupting(), Slow(), Future(), Hookless()
 for plugin in (reentrant, hijacker, annexer, exiting, interrupting, slow, hookless):
     plugin.RLK_PLUGIN_API = RLK_PLUGIN_API  # type: ignore[attr-defined]
-future.RLK_PLUGIN_API = "1.7"  # type: ignore[attr-defined]
+future.RLK_PLUGIN_API = "2.7"  # type: ignore[attr-defined]

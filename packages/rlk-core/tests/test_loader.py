@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import rlk
-from rlk import dispatch, plugins
+from rlk import api_versions, dispatch, plugins
 from rlk.registry import Registry
 
 
@@ -186,9 +186,21 @@ def test_plugin_api_versions_core_does_not_speak_are_refused(use_plugins):
     record = _records()["future"]
     assert record.status == "failed"
     assert "newer than rlk-core's" in record.error
-    assert "not a 'major.minor' string" in str(plugins.api_mismatch("one"))
-    assert plugins.api_mismatch("0.9") is not None
-    assert plugins.api_mismatch("1.0") is None
+    assert record.api == "2.7"
+    assert "not a 'major.minor' string" in str(api_versions.mismatch("one"))
+    assert "rlk-core speaks 2.0" in str(api_versions.mismatch("0.9"))
+    assert api_versions.mismatch("2.0") is None
+
+
+def test_plugin_api_1_0_is_refused_with_what_changed_and_1_1_is_served_as_2_0():
+    """1.1 changed 1.0's kernel contract (float64 lse, [M, K] tokens, option objects): 1.0
+    plugins are refused saying so; 1.1 named the contract that 2.0 now numbers honestly."""
+    refused = str(api_versions.mismatch("1.0"))
+    assert "no longer serves" in refused and "lse in float64" in refused
+    assert 'declare RLK_PLUGIN_API = "2.0"' in refused
+    assert api_versions.mismatch("1.1") is None
+    assert api_versions.served_as("1.1") == "2.0"
+    assert "rlk-core speaks 2.0" in str(api_versions.mismatch("3.0"))
 
 
 def test_plugin_without_a_hook_is_failed_not_silently_empty(use_plugins):

@@ -22,7 +22,14 @@ from rlk.config import env_flag, env_names
 from rlk.errors import BackendUnavailableError
 from rlk.names import did_you_mean, listing
 from rlk.ops import OP_NAMES
-from rlk.plugins import BLOCKED, DUPLICATE, FAILED, PluginLoader, failed_plugins
+from rlk.plugins import (
+    BLOCKED,
+    DUPLICATE,
+    FAILED,
+    PluginLoader,
+    failed_plugins,
+    misplaced_entry_points,
+)
 from rlk.registry import Kernel, Registry, as_names, verdict
 
 log = logging.getLogger("rlk")
@@ -137,6 +144,7 @@ class Dispatcher:
                    f"{record.error}"
         failed = failed_plugins(self.loader.records)
         also = f"; plugins that failed to load: {', '.join(failed)}" if failed else ""
+        also += "".join(f"; {line}" for point, line in misplaced_entry_points() if point == name)
         return (f"not installed: no plugin registered a backend '{name}' (backends: "
                 f"{listing(self.registry.backends)}){did_you_mean(name, self.registry.backends)}"
                 f"{also}")

@@ -13,6 +13,7 @@ before it, and the dispatcher caches nothing decided before loading ends.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import re
 import threading
@@ -23,9 +24,10 @@ from typing import Any
 
 import pluggy
 
+from rlk import api_versions
 from rlk.config import env_flag, env_names
 from rlk.errors import PluginError, describe
-from rlk.hookspec import API_VERSION, PROJECT, HookSpecs
+from rlk.hookspec import PROJECT, HookSpecs
 from rlk.names import did_you_mean, listing
 from rlk.registry import Registry
 from rlk.version import __version__
@@ -50,32 +52,8 @@ class PluginRecord:
     status: str  # loaded | failed | blocked | duplicate
     error: str = ""
     target: str = ""  # the entry point's value: the module (or object) it names
-
-
-def api_mismatch(declared: object) -> str | None:
-    """Why a plugin declaring RLK_PLUGIN_API = `declared` cannot load here, or None.
-
-    The major version must match; the minor must not be newer than core's, since the
-    plugin may use what that minor version added.
-    """
-    if declared is None:
-        return ("declares no RLK_PLUGIN_API (set RLK_PLUGIN_API = rlk.backend.API_VERSION); "
-                f"rlk-core speaks {API_VERSION}")
-    wanted, have = _major_minor(declared), _major_minor(API_VERSION)
-    assert have is not None
-    if wanted is None:
-        return f"declares RLK_PLUGIN_API = {declared!r}, not a 'major.minor' string"
-    if wanted[0] != have[0]:
-        return f"written for plugin API {declared}, rlk-core speaks {API_VERSION}"
-    if wanted[1] > have[1]:
-        return (f"written for plugin API {declared}, newer than rlk-core's {API_VERSION}: "
-                "upgrade rlk-core")
-    return None
-
-
-def _major_minor(version: object) -> tuple[int, int] | None:
-    match = re.fullmatch(r"(\d+)\.(\d+)", version) if isinstance(version, str) else None
-    return None if match is None else (int(match[1]), int(match[2]))
+    api: str = ""  # the RLK_PLUGIN_API it declares ("" until imported, or if none)
+    backends: tuple[str, ...] = ()  # the backends its hook declared
 
 
 class PluginLoader:
@@ -133,13 +111,16 @@ class PluginLoader:
         """RLK_PLUGINS / RLK_DISABLE_PLUGINS names that match no plugin's entry point."""
         known = {r.name for r in self.records}
         by_distribution = {_normal(r.distribution): r.name for r in self.records if r.distribution}
+        by_backend = {b: r.name for r in self.records for b in r.backends}
         found = []
         for control in ("RLK_PLUGINS", "RLK_DISABLE_PLUGINS"):
             for name in env_names(control):
-                if name in known:
+                if name in known or (control == "RLK_DISABLE_PLUGINS" and name in by_backend):
                     continue
-                plugin = by_distribution.get(_normal(name))
-                hint = (f"; '{name}' is a distribution: its plugin is named '{plugin}'"
+                plugin, what = by_distribution.get(_normal(name)), "a distribution"
+                if plugin is None:
+                    plugin, what = by_backend.get(name), "a backend"
+                hint = (f"; '{name}' is {what}: its plugin is named '{plugin}'"
                         if plugin else did_you_mean(name, known))
                 found.append(f"{control} names '{name}', which is no plugin's entry point "
                              f"(plugins: {listing(known)}){hint}")
@@ -149,7 +130,7 @@ class PluginLoader:
         loaded_by: dict[int, str] = {}  # id(plugin object) -> the entry point that loaded it
         for name in BUILTIN_PLUGINS:
             record = PluginRecord(name, "rlk-core", __version__, LOADED, target=name)
-            self._register(record, import_module(name), loaded_by)
+            self._register(record, import_module(name), loaded_by, ())
         only, disabled = env_names("RLK_PLUGINS"), env_names("RLK_DISABLE_PLUGINS")
         for entry_point in _entry_points():
             record = _record(entry_point)
@@ -165,16 +146,19 @@ class PluginLoader:
             else:
                 plugin = self._attempt(record, "import", entry_point.load)
                 if plugin is not _FAILED:
-                    self._register(record, plugin, loaded_by)
+                    self._register(record, plugin, loaded_by, disabled)
 
-    def _register(self, record: PluginRecord, plugin: Any, loaded_by: dict[int, str]) -> None:
+    def _register(self, record: PluginRecord, plugin: Any, loaded_by: dict[int, str],
+                  disabled: tuple[str, ...]) -> None:
         first = loaded_by.get(id(plugin))
         if first is not None:
             self.records.append(replace(record, status=DUPLICATE, error="names the plugin that "
                                         f"entry point '{first}' already loaded"))
             return
         loaded_by[id(plugin)] = record.name
-        mismatch = api_mismatch(getattr(plugin, "RLK_PLUGIN_API", None))
+        declared = getattr(plugin, "RLK_PLUGIN_API", None)
+        record = replace(record, api=declared if isinstance(declared, str) else "")
+        mismatch = api_versions.mismatch(declared)
         if mismatch is not None:
             self._fail(record, mismatch)
             return
@@ -189,9 +173,16 @@ class PluginLoader:
                                   "@rlk.backend.hookimpl)")
             manager.hook.rlk_register(registry=stage)
 
-        if self._attempt(record, "rlk_register", run_hook) is not _FAILED:
-            self.registry.merge(stage)
-            self.records.append(replace(record, status=LOADED))
+        if self._attempt(record, "rlk_register", run_hook) is _FAILED:
+            return
+        record = replace(record, backends=tuple(stage.backends))
+        named = [name for name in record.backends if name in disabled]
+        if named:  # blocked by its backend's name: known only once the hook has run
+            self.records.append(replace(record, status=BLOCKED, error="disabled by "
+                                        f"RLK_DISABLE_PLUGINS (its backend '{named[0]}')"))
+            return
+        self.registry.merge(stage)
+        self.records.append(replace(record, status=LOADED))
 
     def _attempt(self, record: PluginRecord, action: str, call: Callable[[], Any]) -> Any:
         """`call()`'s result, or _FAILED after recording why: any exception but Ctrl-C
@@ -214,6 +205,26 @@ class PluginLoader:
 
 def _entry_points() -> list[metadata.EntryPoint]:
     return sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
+
+
+def misplaced_entry_points() -> list[tuple[str, str]]:
+    """Entry points in a group named almost like ENTRY_POINT_GROUP ("rlk.backend",
+    "rlk_backends"): plugins rlk never sees, as (entry point name, a line naming the fix)."""
+    found = []
+    for group in sorted(metadata.entry_points().groups):
+        if group == ENTRY_POINT_GROUP or not _near_miss(group):
+            continue
+        for point in metadata.entry_points(group=group):
+            owner = point.dist.metadata["Name"] if point.dist is not None else "?"
+            found.append((point.name, f"distribution {owner} declares entry point '{point.name}' "
+                                      f"in group '{group}', which rlk does not read: the group "
+                                      f"is '{ENTRY_POINT_GROUP}'"))
+    return found
+
+
+def _near_miss(group: str) -> bool:
+    normal = re.sub(r"[-_\s]+", ".", group.strip().lower())
+    return difflib.SequenceMatcher(None, normal, ENTRY_POINT_GROUP).ratio() >= 0.8
 
 
 def _record(entry_point: metadata.EntryPoint) -> PluginRecord:

@@ -72,8 +72,9 @@ def render(report: dict[str, Any]) -> str:
     lines += ["", "Plugins"]
     for plugin in report["plugins"]:
         extra = f": {plugin['error']}" if plugin["error"] else ""
-        lines.append(f"  {plugin['name']:15} {plugin['status']:8} {plugin['distribution']} "
-                     f"{plugin['version']}{extra}")
+        api = f"API {plugin['api'] or '?'}"
+        lines.append(f"  {plugin['name']:15} {plugin['status']:9} {api:9} "
+                     f"{plugin['distribution']} {plugin['version']}{extra}")
     lines += ["", "Backends (probe per device)"]
     for backend in report["backends"]:
         lines.append(f"  {backend['name']:15} {backend['status']:12} priority "

@@ -13,6 +13,7 @@ from rlk.cli import environment, findings, matrix, smoke
 from rlk.config import env_names
 from rlk.dispatch import Dispatcher, get_dispatcher
 from rlk.introspect import backend_records
+from rlk.plugins import misplaced_entry_points
 
 SCHEMA_VERSION = 1
 
@@ -34,6 +35,7 @@ def build_report(device_index: int | None = None, run_smoke: bool = False) -> di
         "schema_version": SCHEMA_VERSION,
         "environment": environment.collect(),
         "plugins": [dataclasses.asdict(r) for r in dispatcher.loader.records],
+        "misplaced_entry_points": [line for _, line in misplaced_entry_points()],
         "controls": unknown_names(dispatcher),
     }
     report["backends"] = [dataclasses.asdict(b) for b in backend_records(dispatcher,

@@ -4,11 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlk.plugins import BUILTIN_PLUGINS
+
 ERROR, WARNING, INFO = "error", "warning", "info"
 
 
 def _finding(fid: str, severity: str, message: str, hint: str = "") -> dict[str, str]:
     return {"id": fid, "severity": severity, "message": message, "hint": hint}
+
+
+def _serving(table: dict[str, dict[str, Any]]) -> str:
+    """Which backends serve which ops in one device's matrix, in words."""
+    by_backend: dict[str, list[str]] = {}
+    for op, row in table.items():
+        by_backend.setdefault(row["selected"] or "no backend", []).append(op)
+    if len(by_backend) == 1:
+        return f"the {next(iter(by_backend))} backend"
+    return "; ".join(f"{name} ({', '.join(ops)})" for name, ops in by_backend.items())
 
 
 def derive(report: dict[str, Any]) -> list[dict[str, str]]:
@@ -26,6 +38,19 @@ def derive(report: dict[str, Any]) -> list[dict[str, str]]:
                 "plugin-duplicate", WARNING,
                 f"entry point '{plugin['name']}' ({plugin['distribution']}) {plugin['error']}; "
                 "it was loaded once", "remove the extra entry point from the distribution"))
+    for line in report["misplaced_entry_points"]:
+        found.append(_finding("entry-point-group", ERROR, line,
+                              "rename the group in the distribution's pyproject.toml and "
+                              "reinstall it"))
+    for plugin in report["plugins"]:
+        others = [name for name in plugin["backends"] if name != plugin["name"]]
+        if plugin["name"] not in (*plugin["backends"], *BUILTIN_PLUGINS) and others:
+            found.append(_finding(
+                "plugin-name-mismatch", WARNING,
+                f"entry point '{plugin['name']}' ({plugin['distribution']}) registers backend "
+                f"'{others[0]}': users must learn two names for one backend",
+                "name the entry point like the backend it registers (docs/backends/"
+                "writing-a-backend.md)"))
     for message in report["controls"]:
         found.append(_finding("unknown-name", WARNING, message,
                               "fix the name: a control that names nothing does nothing"))
@@ -52,7 +77,7 @@ def derive(report: dict[str, Any]) -> list[dict[str, str]]:
             "install a CUDA build of torch that matches the driver"))
     if not env["cuda_available"]:
         found.append(_finding("no-gpu", INFO, "no GPU visible to torch: ops run on the CPU "
-                              "through the native backend"))
+                              f"through {_serving(report['matrix'].get('cpu', {}))}"))
     for device, table in report["matrix"].items():
         for op, row in table.items():
             if row["selected"] is None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from rlk.cli import environment, findings, matrix, smoke
+from rlk.cli import environment, findings, matrix, settings, smoke
 from rlk.config import env_names
 from rlk.dispatch import Dispatcher, get_dispatcher
 from rlk.introspect import backend_records
@@ -37,6 +37,7 @@ def build_report(device_index: int | None = None, run_smoke: bool = False) -> di
         "plugins": [dataclasses.asdict(r) for r in dispatcher.loader.records],
         "misplaced_entry_points": [line for _, line in misplaced_entry_points()],
         "controls": unknown_names(dispatcher),
+        "settings": settings.errors(),
     }
     report["backends"] = [dataclasses.asdict(b) for b in backend_records(dispatcher,
                                                                           targets[-1])]

@@ -23,14 +23,15 @@ def explain_shape(op: str, shape: list[int], dtype: torch.dtype,
     spec = known[op]
     if spec.shape_call is None:
         raise ValueError(f"{op} cannot be explained from a shape")
-    try:
-        args, kwargs = spec.shape_call(shape, dtype)
-    except ValueError as exc:
-        raise ValueError(f"{op} {exc}") from None
     previous = config.checking_inputs()
     config.check_inputs(False)  # range checks would read the (absent) data
     try:
+        args, kwargs = spec.shape_call(shape, dtype)
         call = spec.prepare(*args, **kwargs)
+    except ValueError as exc:
+        raise ValueError(f"{op} {exc}") from None
+    except RuntimeError as exc:  # torch refusing the sizes (their product overflows int64)
+        raise ValueError(f"{op} --shape {shape}: {str(exc).splitlines()[0]}") from None
     finally:
         config.check_inputs(previous)
     dispatcher = get_dispatcher()
@@ -58,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
         shape = [int(part) for part in args.shape.replace("x", ",").split(",") if part]
     except ValueError:
         raise ValueError(f"--shape must be comma-separated integers, got {args.shape!r}") from None
-    if any(size < 0 for size in shape):
-        raise ValueError(f"--shape sizes must be >= 0, got {args.shape!r}")
+    if any(not 0 <= size < 2**63 for size in shape):
+        raise ValueError(f"--shape sizes must be >= 0 and < 2**63, got {args.shape!r}")
     dtype = getattr(torch, args.dtype, None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"--dtype must name a torch dtype, got {args.dtype!r}")

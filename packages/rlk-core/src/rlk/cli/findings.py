@@ -38,6 +38,9 @@ def derive(report: dict[str, Any]) -> list[dict[str, str]]:
                 "plugin-duplicate", WARNING,
                 f"entry point '{plugin['name']}' ({plugin['distribution']}) {plugin['error']}; "
                 "it was loaded once", "remove the extra entry point from the distribution"))
+    for message in report["settings"]:
+        found.append(_finding("bad-setting", ERROR, message,
+                              "fix or unset the variable: every rlk call refuses this value"))
     for line in report["misplaced_entry_points"]:
         found.append(_finding("entry-point-group", ERROR, line,
                               "rename the group in the distribution's pyproject.toml and "

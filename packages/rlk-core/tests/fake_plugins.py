@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import threading
+
 import torch
 
 import rlk
@@ -224,6 +227,22 @@ withgrad = _single_kernel_plugin("withgrad", "fake_plugins:loss_forward", op="po
 badwithgrad = _single_kernel_plugin("badwithgrad", "fake_plugins:bad_loss_forward",
                                     op="policy_loss", backward="fake_plugins:loss_backward")
 
+class Stalling:
+    """Holds its hook in the parent process until released (a fork arrives meanwhile)."""
+
+    parent = os.getpid()
+    started, release = threading.Event(), threading.Event()
+
+    @rlk.hookimpl
+    def rlk_register(self, registry):
+        if os.getpid() == self.parent:
+            self.started.set()
+            self.release.wait(60)
+        registry.add_backend("stalling", priority=3)
+
+
+stalling = Stalling()
+stalling.RLK_PLUGIN_API = RLK_PLUGIN_API  # type: ignore[attr-defined]
 reentrant, hijacker, annexer, exiting = Reentrant(), Hijacker(), Annexer(), Exiting()
 interrupting, slow, future, hookless = Interrupting(), Slow(), Future(), Hookless()
 for plugin in (reentrant, hijacker, annexer, exiting, interrupting, slow, hookless):

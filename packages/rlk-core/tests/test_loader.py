@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import signal
 import threading
+import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -219,3 +223,43 @@ def test_unknown_plugin_filter_names_are_warned(use_plugins, fresh_rlk, caplog):
     messages = [r.getMessage() for r in caplog.records]
     assert any("RLK_DISABLE_PLUGINS names 'fsat'" in m and "did you mean 'fast'" in m
                for m in messages), messages
+
+
+def _exit_status(pid: int, timeout: float) -> int | None:
+    """The child's exit code, or None (after killing it) if it has not ended by `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return None
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_child_forked_while_another_thread_loads_plugins_loads_them_itself(use_plugins):
+    """The loading thread does not exist in the child: its lock must not stay held there."""
+    use_plugins(stalling="fake_plugins:stalling")
+    stalling = fake_plugins.Stalling
+    stalling.started.clear()
+    stalling.release.clear()
+    loading = threading.Thread(target=rlk.backends, args=("cpu",))
+    loading.start()
+    try:
+        assert stalling.started.wait(30)
+        with warnings.catch_warnings():  # "this process is multi-threaded": the point here
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the child: load, and say whether the stalled plugin is there
+            code = 3
+            try:
+                code = 0 if "stalling" in [b.name for b in rlk.backends("cpu")] else 4
+            finally:
+                os._exit(code)
+        status = _exit_status(pid, timeout=60)
+    finally:
+        stalling.release.set()
+        loading.join()
+    assert status == 0, "the forked child hung on the loader's lock" if status is None else status

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import difflib
 import logging
+import os
 import re
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from importlib import import_module, metadata
@@ -34,6 +36,7 @@ from rlk.version import __version__
 from rlk.watchdog import warn_if_slow
 
 ENTRY_POINT_GROUP = "rlk.backends"
+_LOADERS: weakref.WeakSet[PluginLoader] = weakref.WeakSet()
 BUILTIN_PLUGINS = ("rlk.native.plugin",)
 LOADED, FAILED, BLOCKED, DUPLICATE = "loaded", "failed", "blocked", "duplicate"
 # what importlib can load: a dotted module, optionally ":attr.path", optionally "[extras]"
@@ -64,7 +67,8 @@ class PluginLoader:
         self.records: list[PluginRecord] = []
         self._lock = threading.RLock()
         self._loaded = False
-        self._loading = False
+        self._loading_thread: int | None = None  # the thread running _load_all, if one is
+        _LOADERS.add(self)
 
     @property
     def loaded(self) -> bool:
@@ -92,20 +96,35 @@ class PluginLoader:
         if self._loaded:
             return
         with self._lock:
-            if self._loaded or self._loading:
+            if self._loaded or self._loading_thread is not None:
                 return
-            self._loading = True
+            self._loading_thread = threading.get_ident()
             try:
                 self._load_all()
             except BaseException:
-                self.registry.clear()
-                self.records = []
+                self._forget()
                 raise
             finally:
-                self._loading = False
+                self._loading_thread = None
             self._loaded = True
         for warning in self.unknown_filters():
             log.warning("rlk: %s", warning)
+
+    def _forget(self) -> None:
+        self.registry.clear()
+        self.records = []
+
+    def after_fork_in_child(self) -> None:
+        """A forked child has only the thread that forked: a lock another thread held would
+        stay held forever, and a load that thread was running would never end. Give the
+        child a free lock and, if such a load was under way, nothing loaded: it loads again.
+        (A load running on the forking thread itself goes on in the child, lock and all.)"""
+        if self._loading_thread == threading.get_ident():
+            return
+        self._lock = threading.RLock()
+        if self._loading_thread is not None:
+            self._loading_thread = None
+            self._forget()
 
     def unknown_filters(self) -> list[str]:
         """RLK_PLUGINS / RLK_DISABLE_PLUGINS names that match no plugin's entry point."""
@@ -245,3 +264,12 @@ def _block_hint(plugin: str) -> str:
 def failed_plugins(records: Iterable[PluginRecord]) -> list[str]:
     """Names of the plugins that failed to load."""
     return [r.name for r in records if r.status == FAILED]
+
+
+def _after_fork_in_child() -> None:
+    for loader in list(_LOADERS):
+        loader.after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -54,7 +54,7 @@ def test_an_entry_point_in_a_near_miss_group_is_an_error(fresh_rlk, tmp_path, ca
     finding = _finding(report, "entry-point-group")
     assert finding["severity"] == "error"
     assert "'mine' in group 'rlk.backend'" in finding["message"]
-    with pytest.raises(ValueError, match="group 'rlk.backend', which rlk does not read"):
+    with pytest.raises(ValueError, match=r"group 'rlk\.backend', which rlk does not read"):
         backend_kernels("mine")
 
 

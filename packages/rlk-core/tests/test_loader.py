@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import rlk
-from rlk import api_versions, dispatch, plugins
+from rlk import api_versions, dispatch
 from rlk.registry import Registry
 
 

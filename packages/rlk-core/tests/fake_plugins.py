@@ -159,6 +159,27 @@ def none_forward(**kwargs):
     return None
 
 
+def scribbling_forward(*args, **kwargs):
+    """Right results, then the caller's logits and tokens zeroed."""
+    result = native_logp.forward(*args, **kwargs)
+    for tensor in (*args[:2], kwargs.get("logits"), kwargs.get("tokens")):
+        if tensor is not None:
+            tensor.zero_()
+    return result
+
+
+def nan_forward(*args, **kwargs):
+    logp, entropy, lse = native_logp.forward(*args, **kwargs)
+    return logp.clone().fill_(float("nan")), entropy, lse
+
+
+def aliasing_forward(*args, **kwargs):
+    """logits[:, 0]: the right shape and dtype, but the caller's own memory."""
+    _, entropy, lse = native_logp.forward(*args, **kwargs)
+    logits = kwargs["logits"] if "logits" in kwargs else args[0]
+    return logits[:, 0], entropy, lse
+
+
 def false_check(**_):
     return False
 
@@ -219,6 +240,9 @@ float64 = _single_kernel_plugin("float64", "fake_plugins:float64_forward",
                                 backward="rlk.native.logp:backward")
 short = _single_kernel_plugin("short", "fake_plugins:short_forward")
 noneresult = _single_kernel_plugin("noneresult", "fake_plugins:none_forward")
+scribbling = _single_kernel_plugin("scribbling", "fake_plugins:scribbling_forward")
+nanresult = _single_kernel_plugin("nanresult", "fake_plugins:nan_forward")
+aliasing = _single_kernel_plugin("aliasing", "fake_plugins:aliasing_forward")
 falsecheck = _single_kernel_plugin("falsecheck", "fake_plugins:fast_forward", check=false_check)
 emptycheck = _single_kernel_plugin("emptycheck", "fake_plugins:fast_forward", check=empty_check)
 badprobe = _single_kernel_plugin("badprobe", "fake_plugins:fast_forward", probe=raising_probe)

@@ -1,7 +1,10 @@
 """pytest hooks of the conformance kit, loaded through the `pytest11` entry point.
 
-Inert unless its tests are collected: it adds options, the `gpu` marker (tests
-carrying it skip without a CUDA device) and the parametrisation of the kit's tests.
+pytest loads it into every run where rlk-core is installed, so on its own it only adds its
+options and parametrises the kit's own tests (those asking for `rlk_case` / `rlk_op`). The
+`gpu` marker (tests carrying it skip without a CUDA device) acts only when asked for:
+`--rlk-backend` given, or `-p rlk.testing` (rlk's own test runs pass it): a project that
+merely has rlk installed keeps its own `gpu` tests as it wrote them.
 """
 
 from __future__ import annotations
@@ -33,18 +36,30 @@ def fresh_rlk(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("rlk", "rlk conformance kit")
-    group.addoption("--rlk-backend", default="native",
+    group.addoption("--rlk-backend", default=None,
                     help="backend whose kernels the conformance kit checks (default: native)")
     group.addoption("--rlk-device", default=None,
                     help="device to run the kit on (default: cuda if available, else cpu)")
 
 
+def asked_for(config: pytest.Config) -> bool:
+    """Whether this run opted in to more than the kit's options (see the module docstring)."""
+    return (config.getoption("--rlk-backend") is not None
+            or config.pluginmanager.has_plugin("rlk.testing"))
+
+
+def kit_backend(config: pytest.Config) -> str:
+    return config.getoption("--rlk-backend") or "native"
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "gpu: needs a CUDA (or ROCm) device; skipped without one")
+    if asked_for(config):
+        config.addinivalue_line("markers",
+                                "gpu: needs a CUDA (or ROCm) device; skipped without one")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if torch.cuda.is_available():
+    if not asked_for(config) or torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="no CUDA device")
     for item in items:
@@ -62,7 +77,7 @@ def kit_device(config: pytest.Config) -> torch.device:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     from rlk.testing.cases import backend_kernels, conformance_cases
 
-    backend = metafunc.config.getoption("--rlk-backend")
+    backend = kit_backend(metafunc.config)
     if "rlk_case" in metafunc.fixturenames:
         cases: list[Any] = conformance_cases(backend, kit_device(metafunc.config))
         metafunc.parametrize("rlk_case", cases, ids=[case.id for case in cases])

@@ -173,6 +173,13 @@ def nan_forward(*args, **kwargs):
     return logp.clone().fill_(float("nan")), entropy, lse
 
 
+def cold_forward(*args, **kwargs):
+    """A logp kernel that ignores the temperature: right at T = 1 only."""
+    names = ("logits", "tokens", "temperature", "ignore_index", "rows", "out", "with_entropy")
+    return native_logp.forward(**{**dict(zip(names, args, strict=False)), **kwargs,
+                                  "temperature": 1.0})
+
+
 def aliasing_forward(*args, **kwargs):
     """logits[:, 0]: the right shape and dtype, but the caller's own memory."""
     _, entropy, lse = native_logp.forward(*args, **kwargs)
@@ -243,6 +250,8 @@ noneresult = _single_kernel_plugin("noneresult", "fake_plugins:none_forward")
 scribbling = _single_kernel_plugin("scribbling", "fake_plugins:scribbling_forward")
 nanresult = _single_kernel_plugin("nanresult", "fake_plugins:nan_forward")
 aliasing = _single_kernel_plugin("aliasing", "fake_plugins:aliasing_forward")
+cold = _single_kernel_plugin("cold", "fake_plugins:cold_forward",
+                             backward="rlk.native.logp:backward")
 falsecheck = _single_kernel_plugin("falsecheck", "fake_plugins:fast_forward", check=false_check)
 emptycheck = _single_kernel_plugin("emptycheck", "fake_plugins:fast_forward", check=empty_check)
 badprobe = _single_kernel_plugin("badprobe", "fake_plugins:fast_forward", probe=raising_probe)

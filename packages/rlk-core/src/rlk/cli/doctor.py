@@ -95,10 +95,13 @@ def render(report: dict[str, Any]) -> str:
             for name, why in row["rejected"].items():
                 lines.append(f"  {'':24}   {name}: {why}")
     if "smoke" in report:
-        lines += ["", "Smoke tests"]
+        passed = sum(row["status"] == "pass" for row in report["smoke"])
+        lines += ["", f"Smoke tests (every kernel, run directly): {passed} passed, "
+                      f"{len(report['smoke']) - passed} failed"]
         for row in report["smoke"]:
-            lines.append(f"  {row['op']:20} {row['device']:8} {row['backend'] or '-':10} "
-                         f"{row['case']:14} {row['status']} {row['detail']}")
+            if row["status"] != "pass":
+                lines.append(f"  {row['op']:20} {row['device']:8} {row['backend']:10} "
+                             f"{row['dtype']:9} {row['case']:14} {row['detail']}")
     lines += ["", "Findings"]
     if not report["findings"]:
         lines.append("  none: healthy")
@@ -113,7 +116,7 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("doctor", help="diagnose the installation and dispatch")
     parser.add_argument("--json", action="store_true", help="machine-readable report")
     parser.add_argument("--smoke", action="store_true",
-                        help="run each selected kernel on tiny inputs against the reference")
+                        help="run every registered kernel on tiny inputs against the reference")
     parser.add_argument("--device", type=int, default=None, help="only this CUDA device index")
     parser.set_defaults(run=run)
 

@@ -97,16 +97,25 @@ def derive(report: dict[str, Any]) -> list[dict[str, str]]:
             "nvcc-missing", WARNING,
             "flashinfer is installed but nvcc was not found (CUDA_HOME, PATH): its first call "
             "cannot JIT-compile", "install the CUDA toolkit or set CUDA_HOME"))
+    failed = {(r["device"], r["op"], r["backend"]) for r in report.get("smoke", [])
+              if r["status"] != "pass"}
     for row in report.get("smoke", []):
-        if row["status"] != "pass":
-            culprit = row["raised_by"] or row["backend"]
-            where = f" (raised by backend '{culprit}')" if culprit != row["backend"] else ""
-            hint = "report it with `rlk-core doctor --json`"
-            if row["plugin"] and culprit != "native":
-                hint = (f"run without backend '{culprit}': RLK_DISABLE_PLUGINS={row['plugin']}, "
-                        "or report it to its authors")
-            found.append(_finding(
-                "smoke-failed", ERROR,
-                f"smoke test of '{row['op']}' on {row['backend']} ({row['device']}) failed"
-                f"{where}: {row['detail']}", hint))
+        if row["status"] == "pass":
+            continue
+        culprit = row["raised_by"] or row["backend"]
+        where = f" (raised by backend '{culprit}')" if culprit != row["backend"] else ""
+        table = report["matrix"].get(row["device"], {})
+        for used in row["uses"]:
+            serving = table.get(used, {}).get("selected")
+            if serving != row["backend"] and (row["device"], used, serving) in failed:
+                where += (f"; it runs '{used}' on backend '{serving}', whose own '{used}' "
+                          "kernel fails its smoke test: likely the cause")
+        hint = "report it with `rlk-core doctor --json`"
+        if row["plugin"] and culprit != "native":
+            hint = (f"run without backend '{culprit}': RLK_DISABLE_PLUGINS={row['plugin']}, "
+                    "or report it to its authors")
+        found.append(_finding(
+            "smoke-failed", ERROR,
+            f"smoke test of backend '{row['backend']}' kernel '{row['op']}' on {row['device']} "
+            f"({row['dtype']}, case {row['case']}) failed{where}: {row['detail']}", hint))
     return found

@@ -74,3 +74,18 @@ def test_the_kit_names_why_a_backend_is_missing(tmp_path):
 def test_the_guides_python_is_valid(name):
     if name.endswith(".py"):
         compile(guide_files()[name], name, "exec")
+
+
+def test_the_kit_ends_with_each_distinct_cause_once(tmp_path):
+    build(tmp_path, **{"rlk_mybackend/kernels.py": (  # the API 1.0 lse: float32
+        "    return logp, entropy, lse  #", "    return logp, entropy, lse.float()  #")})
+    done = run_kit(tmp_path, "mybackend", "-k", "forward and (small or wide)")
+    assert done.returncode != 0
+    summary = done.stdout[done.stdout.index("rlk conformance kit:"):]
+    header = re.search(r"rlk conformance kit: (\d+) failed, (\d+) distinct cause", summary)
+    assert header is not None and int(header[1]) > 10 and header[2] == "2", summary[:3000]
+    counts = re.findall(r"^ +(\d+) x rlk.errors.KernelError: backend 'mybackend' broke the "
+                        r"'(logp|logp_entropy)' contract: .* output # is float32 \[#\]", summary,
+                        re.MULTILINE)
+    assert sum(int(n) for n, _ in counts) == int(header[1]), summary[:3000]
+    assert "e.g. test_forward_matches_reference[logp-" in summary

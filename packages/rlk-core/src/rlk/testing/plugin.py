@@ -9,6 +9,8 @@ merely has rlk installed keeps its own `gpu` tests as it wrote them.
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -59,6 +61,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.option.tbstyle == "auto" and any(_KIT_MODULE in i.nodeid for i in items):
+        config.option.tbstyle = "short"  # one fault fails hundreds of cases: keep each short
     if not asked_for(config) or torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="no CUDA device")
@@ -84,3 +88,34 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "rlk_op" in metafunc.fixturenames:
         ops = sorted(backend_kernels(backend))
         metafunc.parametrize("rlk_op", ops, ids=ops)
+
+
+_KIT_MODULE = "test_conformance.py"
+_NUMBER = re.compile(r"-?\b\d+(\.\d+)?(e[-+]?\d+)?\b")
+
+
+def cause(report: pytest.TestReport) -> str:
+    """A failure's cause without its case's numbers: the exception's first line with every
+    number written '#', so one fault seen by many cases reads as one cause."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else str(report.longrepr)
+    first = text.strip().splitlines()[0] if text.strip() else "unknown"
+    return _NUMBER.sub("#", first)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
+                            config: pytest.Config) -> None:
+    """After a kit run, each distinct cause of its failures once, with a count and a case."""
+    failed = [r for r in terminalreporter.stats.get("failed", [])
+              if _KIT_MODULE in r.nodeid and r.when == "call"]
+    if not failed:
+        return
+    counts = Counter(cause(r) for r in failed)
+    example = {}
+    for report in failed:
+        example.setdefault(cause(report), report.nodeid.rsplit("::", 1)[-1])
+    terminalreporter.section(f"rlk conformance kit: {len(failed)} failed, "
+                             f"{len(counts)} distinct cause(s)")
+    for text, count in counts.most_common():
+        terminalreporter.line(f"{count:6} x {text}")
+        terminalreporter.line(f"         e.g. {example[text]}")

@@ -111,7 +111,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
     if not failed:
         return
     counts = Counter(cause(r) for r in failed)
-    example = {}
+    example: dict[str, str] = {}
     for report in failed:
         example.setdefault(cause(report), report.nodeid.rsplit("::", 1)[-1])
     terminalreporter.section(f"rlk conformance kit: {len(failed)} failed, "

@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+import rlk
 from rlk import dispatch
 from rlk.cli import main
 from rlk_testbackend import FAILING_PLUGINS
@@ -156,3 +157,32 @@ def test_doctor_into_a_closed_pipe_ends_quietly():
 def test_doctor_runs_under_value_checks(fresh_rlk, capsys):
     fresh_rlk.setenv("RLK_CHECK_INPUTS", "1")
     assert main(["doctor"]) == 0
+
+
+def test_explain_gives_a_reason_for_backends_that_lost_on_rank(fresh_rlk, capsys):
+    fresh_rlk.setenv("RLK_TESTBACKEND", "1")
+    dispatch.reset()
+    assert main(["explain", "logp", "--shape", "4,128", "--device", "cpu", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["backend"] == "testbackend"
+    assert result["rejected"]["native"] == ("could serve this call, but 'testbackend' has a "
+                                            "higher priority (100 > 0)")
+    assert main(["doctor", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["matrix"]["cpu"]["logp"]
+    assert row["rejected"]["native"].startswith("could serve this call")
+
+
+def test_explain_dtypes_are_the_ops_dtypes(capsys):
+    with pytest.raises(SystemExit):
+        main(["explain", "--help"])
+    assert "{bfloat16,float16,float32,float64}" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        main(["explain", "logp", "--shape", "4,8", "--dtype", "int64"])
+    assert exit_.value.code == 2
+
+
+def test_explain_says_why_a_public_function_is_not_an_op(fresh_rlk, capsys):
+    assert main(["explain", "token_kl", "--shape", "4,8"]) == 2
+    assert "rlk.token_kl is not a dispatched op" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="not a dispatched op"):
+        rlk.explain("token_kl", torch.zeros(2), torch.zeros(2))

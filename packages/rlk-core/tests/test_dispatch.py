@@ -244,3 +244,17 @@ def test_a_scope_inside_a_suspended_async_generator_does_not_bind_the_caller(fre
 
     asyncio.run(consume())
     assert seen == ["native", "fast"]
+
+
+def test_a_preferred_lower_priority_backend_is_no_fallback(fresh_rlk, caplog):
+    """fast (priority 50) could serve, but the user put native first: explain says so, and
+    nothing is logged as a fallback."""
+    _use(fresh_rlk, "fast")
+    logits, tokens = _inputs()
+    with caplog.at_level(logging.WARNING, logger="rlk"), rlk.use_backends("native"):
+        selection = rlk.explain("logp", logits, tokens)
+        rlk.logp(logits, tokens)
+    assert selection.backend == "native" and selection.outranked == ("fast",)
+    assert selection.rejected["fast"] == ("could serve this call, but 'native' comes first in "
+                                          "the backend preference")
+    assert not [r for r in caplog.records if "falls back" in r.getMessage()]

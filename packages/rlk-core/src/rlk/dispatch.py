@@ -60,8 +60,9 @@ class Selection:
     device: str
     backend: str | None
     kernel: Kernel | None
-    rejected: Mapping[str, str] = field(default_factory=dict)
+    rejected: Mapping[str, str] = field(default_factory=dict)  # every other backend: why not
     plan: str | None = None  # how the kernel will run the call, when it says (`explain`)
+    outranked: tuple[str, ...] = ()  # backends in `rejected` that could serve, ranked lower
 
     @property
     def kernel_name(self) -> str | None:
@@ -118,14 +119,18 @@ class Dispatcher:
         self._warn_unknown(policy)
         binds = self._strict_binds(op, policy)
         rejected: dict[str, str] = {}
+        outranked = []
         chosen: Kernel | None = None
         for kernel in self._ranked(op, policy):
             reason = self._reject_reason(kernel, device, dtype, args, policy, binds, needs_grad)
             if reason is None and chosen is None:
                 chosen = kernel
                 continue
-            if reason is not None:
-                rejected[kernel.backend] = reason
+            if reason is None:
+                assert chosen is not None
+                reason = f"could serve this call, but {self._ranks_below(kernel, chosen, policy)}"
+                outranked.append(kernel.backend)
+            rejected[kernel.backend] = reason
         serving = {k.backend for k in self.registry.kernels[op]}
         for name in self.registry.backends:
             if name not in serving:
@@ -134,7 +139,16 @@ class Dispatcher:
             if name not in self.registry.backends:
                 rejected[name] = self.missing(name)
         backend = None if chosen is None else chosen.backend
-        return Selection(op, str(device), backend, chosen, rejected)
+        return Selection(op, str(device), backend, chosen, rejected, outranked=tuple(outranked))
+
+    def _ranks_below(self, kernel: Kernel, chosen: Kernel, policy: Policy) -> str:
+        if chosen.backend in policy.order:
+            return f"'{chosen.backend}' comes first in the backend preference"
+        mine = self.registry.backends[kernel.backend].priority
+        theirs = self.registry.backends[chosen.backend].priority
+        if mine == theirs:
+            return f"'{chosen.backend}' has the same priority ({mine}) and registered first"
+        return f"'{chosen.backend}' has a higher priority ({theirs} > {mine})"
 
     def missing(self, name: str) -> str:
         """Why no backend called `name` is registered: its plugin's recorded cause if any."""
@@ -247,7 +261,8 @@ class Dispatcher:
         binds = self._strict_binds(selection.op, policy)
         for kernel in self.registry.kernels[selection.op]:
             reason = selection.rejected.get(kernel.backend)
-            if reason is None or device_type not in kernel.devices:
+            if (reason is None or device_type not in kernel.devices
+                    or kernel.backend in selection.outranked):
                 continue
             if binds and not self._strict_allows(kernel, policy):
                 continue

@@ -60,7 +60,7 @@ def test_the_kit_catches_a_kernel_writing_its_inputs(tmp_path):
         "    if out is not None:\n", "    logits.zero_()\n    if out is not None:\n")})
     done = run_kit(tmp_path, "mybackend", "-k", "small and forward")
     assert done.returncode != 0, done.stdout[-3000:]
-    assert "input 'logits' after the forward" in done.stdout
+    assert "forward kernel rlk_mybackend.kernels:forward wrote its input 'logits'" in done.stdout
 
 
 def test_the_kit_names_why_a_backend_is_missing(tmp_path):
@@ -89,3 +89,13 @@ def test_the_kit_ends_with_each_distinct_cause_once(tmp_path):
                         re.MULTILINE)
     assert sum(int(n) for n, _ in counts) == int(header[1]), summary[:3000]
     assert "e.g. test_forward_matches_reference[logp-" in summary
+
+
+def test_the_kit_catches_a_kernel_returning_an_alias_of_its_input(tmp_path):
+    build(tmp_path, **{"rlk_mybackend/kernels.py": (  # float32 logits[:, 0]: right shape, dtype
+        "    return logp, entropy, lse  #",
+        "    logp = logits[:, 0] if logits.dtype == torch.float32 and rows is None else logp\n"
+        "    return logp, entropy, lse  #")})
+    done = run_kit(tmp_path, "mybackend", "-k", "float32-small and forward")
+    assert done.returncode != 0, done.stdout[-3000:]
+    assert "returned output 0 sharing memory with its input 'logits'" in done.stdout

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     if options.summary:
         print(markdown_table(result.rows))
         print()
-        print(findings_section(result.rows))
+        print(findings_section(result.rows, options.smoke))
     counts = ", ".join(f"{k} {v}" for k, v in result.counts().items())
     print(f"rlk-core bench: {counts}; reports in {options.output_dir}", file=sys.stderr)
     for note in result.notes:

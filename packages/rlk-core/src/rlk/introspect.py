@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -77,9 +78,8 @@ def op_spec(op: str) -> OpSpec:
     known = specs()
     if op in known:
         return known[op]
-    import rlk
-
-    if op in rlk.__all__ and callable(getattr(rlk, op)):
+    public = sys.modules["rlk"]  # the package this module belongs to, imported by now
+    if op in public.__all__ and callable(getattr(public, op)):
         raise ValueError(f"rlk.{op} is not a dispatched op: it runs plain torch code on any "
                          f"device, with no backend to choose (ops: {', '.join(known)})")
     raise ValueError(f"unknown op {op!r}; rlk defines {sorted(known)}")

@@ -9,7 +9,7 @@ module (or object) that:
    ``registry.add_backend(name, priority=, probe=, version=)`` and then, per op it serves,
    ``registry.add_kernel(op, name, "pkg.module:function", backward=, devices=, dtypes=,
    check=, properties=, uses=)``, each function following its op's signature below
-   (`LogpForward`, ...; `KERNEL_SIGNATURES` maps op names to them).
+   (`LogpForward`, `LogpBackward`, ...: each names the ops it serves).
 
 **Compatibility** (docs/backends/compatibility.md): this module and the kernel contract
 change with `API_VERSION`, "major.minor". A minor version only adds (ops, optional kernel
@@ -59,7 +59,6 @@ from rlk import registry as _registry
 from rlk.errors import KernelError
 from rlk.hookspec import HookSpecs
 from rlk.kernel_signatures import (
-    KERNEL_SIGNATURES,
     DistributedLogpBackward,
     DistributedLogpForward,
     EntropyBackward,
@@ -157,7 +156,6 @@ __all__ = [
     "API_VERSION",
     "BASELINES",
     "FLOAT_DTYPES",
-    "KERNEL_SIGNATURES",
     "KL_ESTIMATORS",
     "METRICS",
     "NORMALIZATIONS",

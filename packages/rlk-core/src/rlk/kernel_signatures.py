@@ -192,19 +192,3 @@ class DistributedLogpBackward(Protocol):
                  group: ProcessGroup, lse: Tensor, entropy: Tensor | None) -> Tensor:
         """Returns this rank's grad_logits [N, V_local] in logits' dtype."""
         ...
-
-
-KERNEL_SIGNATURES: dict[str, tuple[type, type | None]] = {
-    "logp": (LogpForward, LogpBackward),
-    "logp_entropy": (LogpForward, LogpBackward),
-    "entropy": (EntropyForward, EntropyBackward),
-    "linear_logp": (LinearLogpForward, LinearLogpBackward),
-    "linear_logp_entropy": (LinearLogpForward, LinearLogpBackward),
-    "linear_policy_loss": (LinearPolicyLossForward, None),
-    "policy_loss": (PolicyLossForward, PolicyLossBackward),
-    "group_advantages": (GroupAdvantagesForward, None),
-    "sample": (SampleForward, None),
-    "distributed_logp": (DistributedLogpForward, DistributedLogpBackward),
-    "distributed_logp_entropy": (DistributedLogpForward, DistributedLogpBackward),
-}
-"""op -> (forward, backward or None): the signatures of the kernels `add_kernel` registers."""

@@ -20,6 +20,7 @@ from torch import Tensor
 from rlk.config import checking_inputs
 from rlk.errors import KernelError
 from rlk.ops import kernel_checks
+from rlk.ops.validate import readable
 from rlk.registry import Kernel
 
 
@@ -65,7 +66,8 @@ class BoundKernel:
 
     def _run(self, phase: str, function: Callable[..., Any], meta: MetaFn | None,
              args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        values = self.verify_values or checking_inputs()
+        values = ((self.verify_values or checking_inputs())
+                  and readable(*args, *kwargs.values()))
         before = kernel_checks.fingerprints(args, kwargs) if values else []
         try:
             result = function(*args, **kwargs)

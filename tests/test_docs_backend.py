@@ -3,16 +3,11 @@ and the kit fails, saying why, on a backend that serves nothing it should."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from local_dist import install
-
-from rlk_testbackend import FAILING_PLUGINS
+from local_dist import install, passed, run_kit
 
 REPO = Path(__file__).resolve().parents[1]
 GUIDE = REPO / "docs/backends/writing-a-backend.md"
@@ -33,22 +28,6 @@ def build(root: Path, **edits: tuple[str, str]) -> None:
     install(root, files.pop("pyproject.toml"), files)
 
 
-def run_kit(root: Path, backend: str, *args: str,
-            disabled: str = FAILING_PLUGINS) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "RLK_DISABLE_PLUGINS": disabled, "RLK_STRICT_PLUGINS": "1",
-           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "--pyargs", "rlk.testing", "--rlk-backend", backend,
-         "--rlk-device", "cpu", "-q", "-p", "no:cacheprovider", *args],
-        cwd=root, env=env, capture_output=True, text=True, check=False,
-    )
-
-
-def _passed(output: str) -> int:
-    found = re.search(r"(\d+) passed", output)
-    return int(found.group(1)) if found else 0
-
-
 def test_the_guide_holds_a_whole_backend():
     assert set(guide_files()) == {"pyproject.toml", "rlk_mybackend/__init__.py",
                                   "rlk_mybackend/plugin.py", "rlk_mybackend/kernels.py"}
@@ -58,7 +37,7 @@ def test_the_backend_in_the_guide_passes_the_kit(tmp_path):
     build(tmp_path)
     done = run_kit(tmp_path, "mybackend")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert _passed(done.stdout) > 200, done.stdout[-2000:]
+    assert passed(done.stdout) > 200, done.stdout[-2000:]
 
 
 def test_the_kit_fails_on_a_backend_whose_probe_refuses_everything(tmp_path):
@@ -81,7 +60,7 @@ def test_the_kit_catches_a_kernel_writing_its_inputs(tmp_path):
         "    if out is not None:\n", "    logits.zero_()\n    if out is not None:\n")})
     done = run_kit(tmp_path, "mybackend", "-k", "small and forward")
     assert done.returncode != 0, done.stdout[-3000:]
-    assert "input 'logits' after the forward" in done.stdout
+    assert "forward kernel rlk_mybackend.kernels:forward wrote its input 'logits'" in done.stdout
 
 
 def test_the_kit_names_why_a_backend_is_missing(tmp_path):
@@ -95,3 +74,28 @@ def test_the_kit_names_why_a_backend_is_missing(tmp_path):
 def test_the_guides_python_is_valid(name):
     if name.endswith(".py"):
         compile(guide_files()[name], name, "exec")
+
+
+def test_the_kit_ends_with_each_distinct_cause_once(tmp_path):
+    build(tmp_path, **{"rlk_mybackend/kernels.py": (  # the API 1.0 lse: float32
+        "    return logp, entropy, lse  #", "    return logp, entropy, lse.float()  #")})
+    done = run_kit(tmp_path, "mybackend", "-k", "forward and (small or wide)")
+    assert done.returncode != 0
+    summary = done.stdout[done.stdout.index("rlk conformance kit:"):]
+    header = re.search(r"rlk conformance kit: (\d+) failed, (\d+) distinct cause", summary)
+    assert header is not None and int(header[1]) > 10 and header[2] == "2", summary[:3000]
+    counts = re.findall(r"^ +(\d+) x rlk.errors.KernelError: backend 'mybackend' broke the "
+                        r"'(logp|logp_entropy)' contract: .* output # is float32 \[#\]", summary,
+                        re.MULTILINE)
+    assert sum(int(n) for n, _ in counts) == int(header[1]), summary[:3000]
+    assert "e.g. test_forward_matches_reference[logp-" in summary
+
+
+def test_the_kit_catches_a_kernel_returning_an_alias_of_its_input(tmp_path):
+    build(tmp_path, **{"rlk_mybackend/kernels.py": (  # float32 logits[:, 0]: right shape, dtype
+        "    return logp, entropy, lse  #",
+        "    logp = logits[:, 0] if logits.dtype == torch.float32 and rows is None else logp\n"
+        "    return logp, entropy, lse  #")})
+    done = run_kit(tmp_path, "mybackend", "-k", "float32-small and forward")
+    assert done.returncode != 0, done.stdout[-3000:]
+    assert "returned output 0 sharing memory with its input 'logits'" in done.stdout

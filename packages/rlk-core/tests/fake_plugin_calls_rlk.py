@@ -4,7 +4,7 @@ import torch
 
 import rlk
 
-RLK_PLUGIN_API = "1.0"
+RLK_PLUGIN_API = "2.0"
 AT_IMPORT = rlk.logp(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long))
 
 

@@ -2,5 +2,5 @@
 
 import sys
 
-RLK_PLUGIN_API = "1.0"
+RLK_PLUGIN_API = "2.0"
 sys.exit(3)

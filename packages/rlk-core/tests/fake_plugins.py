@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import threading
+
 import torch
 
 import rlk
 from rlk.ops.logp import native as native_logp
 from rlk.ops.policy_loss import native as native_policy_loss
 
-RLK_PLUGIN_API = "1.0"
+RLK_PLUGIN_API = "2.0"
 calls: dict[str, int] = {"fast": 0, "check": 0, "with_grad": 0, "loss_backward": 0}
 
 
@@ -156,6 +159,34 @@ def none_forward(**kwargs):
     return None
 
 
+def scribbling_forward(*args, **kwargs):
+    """Right results, then the caller's logits and tokens zeroed."""
+    result = native_logp.forward(*args, **kwargs)
+    for tensor in (*args[:2], kwargs.get("logits"), kwargs.get("tokens")):
+        if tensor is not None:
+            tensor.zero_()
+    return result
+
+
+def nan_forward(*args, **kwargs):
+    logp, entropy, lse = native_logp.forward(*args, **kwargs)
+    return logp.clone().fill_(float("nan")), entropy, lse
+
+
+def cold_forward(*args, **kwargs):
+    """A logp kernel that ignores the temperature: right at T = 1 only."""
+    names = ("logits", "tokens", "temperature", "ignore_index", "rows", "out", "with_entropy")
+    return native_logp.forward(**{**dict(zip(names, args, strict=False)), **kwargs,
+                                  "temperature": 1.0})
+
+
+def aliasing_forward(*args, **kwargs):
+    """logits[:, 0]: the right shape and dtype, but the caller's own memory."""
+    _, entropy, lse = native_logp.forward(*args, **kwargs)
+    logits = kwargs["logits"] if "logits" in kwargs else args[0]
+    return logits[:, 0], entropy, lse
+
+
 def false_check(**_):
     return False
 
@@ -216,6 +247,11 @@ float64 = _single_kernel_plugin("float64", "fake_plugins:float64_forward",
                                 backward="rlk.ops.logp.native:backward")
 short = _single_kernel_plugin("short", "fake_plugins:short_forward")
 noneresult = _single_kernel_plugin("noneresult", "fake_plugins:none_forward")
+scribbling = _single_kernel_plugin("scribbling", "fake_plugins:scribbling_forward")
+nanresult = _single_kernel_plugin("nanresult", "fake_plugins:nan_forward")
+aliasing = _single_kernel_plugin("aliasing", "fake_plugins:aliasing_forward")
+cold = _single_kernel_plugin("cold", "fake_plugins:cold_forward",
+                             backward="rlk.ops.logp.native:backward")
 falsecheck = _single_kernel_plugin("falsecheck", "fake_plugins:fast_forward", check=false_check)
 emptycheck = _single_kernel_plugin("emptycheck", "fake_plugins:fast_forward", check=empty_check)
 badprobe = _single_kernel_plugin("badprobe", "fake_plugins:fast_forward", probe=raising_probe)
@@ -224,8 +260,24 @@ withgrad = _single_kernel_plugin("withgrad", "fake_plugins:loss_forward", op="po
 badwithgrad = _single_kernel_plugin("badwithgrad", "fake_plugins:bad_loss_forward",
                                     op="policy_loss", backward="fake_plugins:loss_backward")
 
+class Stalling:
+    """Holds its hook in the parent process until released (a fork arrives meanwhile)."""
+
+    parent = os.getpid()
+    started, release = threading.Event(), threading.Event()
+
+    @rlk.hookimpl
+    def rlk_register(self, registry):
+        if os.getpid() == self.parent:
+            self.started.set()
+            self.release.wait(60)
+        registry.add_backend("stalling", priority=3)
+
+
+stalling = Stalling()
+stalling.RLK_PLUGIN_API = RLK_PLUGIN_API  # type: ignore[attr-defined]
 reentrant, hijacker, annexer, exiting = Reentrant(), Hijacker(), Annexer(), Exiting()
 interrupting, slow, future, hookless = Interrupting(), Slow(), Future(), Hookless()
 for plugin in (reentrant, hijacker, annexer, exiting, interrupting, slow, hookless):
     plugin.RLK_PLUGIN_API = RLK_PLUGIN_API  # type: ignore[attr-defined]
-future.RLK_PLUGIN_API = "1.7"  # type: ignore[attr-defined]
+future.RLK_PLUGIN_API = "2.7"  # type: ignore[attr-defined]

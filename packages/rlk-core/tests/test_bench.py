@@ -449,3 +449,19 @@ def test_compute_rooflines_use_the_rows_dtype() -> None:
     assert limits.roofline_ms(1e9, 8e14, "float32") == (16000.0, "compute")
     assert limits.roofline_ms(1e9, 8e14, "float16") == (1000.0, "compute")  # not measured
     assert limits.roofline_ms(4e9, 0.0, "float32") == (4.0, "memory")
+
+
+def test_a_smoke_runs_timing_findings_are_labelled_not_meaningful(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A smoke run times tiny shapes a few times on a shared machine: its findings read like
+    regressions unless they say what they are, in the report and on the console."""
+    from rlk.bench.report import findings_section
+
+    monkeypatch.setattr("rlk.bench.findings.ROOFLINE_FLOOR_PCT", 1e9)
+    workload = _with_peers(eager=logp_workloads.LOGP.peers["eager"])
+    rows = _run(tmp_path, monkeypatch, workload, backends=["native"])
+    table = (tmp_path / "report.md").read_text()
+    assert "Not meaningful: a smoke run" in table
+    listed = [line for line in table.splitlines() if line.startswith("- logp-test")]
+    assert listed and all(line.endswith("(smoke: not meaningful)") for line in listed)
+    assert "not meaningful" not in findings_section(rows, smoke=False)

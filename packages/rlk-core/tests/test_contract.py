@@ -65,3 +65,32 @@ def test_a_nested_failure_names_the_backend_that_raised(use_plugins, capsys):
     assert smoke and "raised by backend 'exploding'" in smoke[0]["message"]
     assert "RLK_DISABLE_PLUGINS=exploding" in smoke[0]["hint"]
     assert report["matrix"]["cpu"]["linear_logp"]["uses"] == ["logp"]
+
+
+@pytest.mark.parametrize(("plugin", "problem"), [
+    ("scribbling", "wrote its input 'logits'"),
+    ("nanresult", r"returned NaN in output 0 at \[0\], where the op's inputs give a number"),
+    ("aliasing", "returned output 0 sharing memory with its input 'logits'"),
+])
+def test_value_faults_are_refused_under_value_checks_in_both_paths(use_plugins, fresh_rlk,
+                                                                   plugin, problem):
+    """Faults metadata cannot see: by default they pass (the checks cost a device sync), under
+    RLK_CHECK_INPUTS=1 they raise naming the backend, eagerly and through the torch op."""
+    use_plugins(**{plugin: f"fake_plugins:{plugin}"})
+    logits, tokens = _inputs()
+    rlk.logp(logits.clone(), tokens.clone())
+    fresh_rlk.setenv("RLK_CHECK_INPUTS", "1")
+    expected = rf"backend '{plugin}' broke the 'logp' contract: .*{problem}"
+    with pytest.raises(rlk.KernelError, match=expected):
+        rlk.logp(logits.clone(), tokens.clone())
+    with pytest.raises(rlk.KernelError, match=expected):
+        torch.ops.rlk.logp(logits.clone(), tokens.clone(), None, 1.0, -100, None)
+
+
+def test_value_checks_allow_nan_where_the_contract_gives_it(fresh_rlk):
+    fresh_rlk.setenv("RLK_CHECK_INPUTS", "1")
+    logits, tokens = _inputs()
+    logits[1, 3] = float("nan")
+    logits[2] = float("-inf")
+    logp = rlk.logp(logits, tokens, ignore_index=tokens[4].item())
+    assert logp[1:3].isnan().all() and logp[[0, 3, 4]].isfinite().all()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from importlib import metadata
 
@@ -189,3 +190,71 @@ def test_backward_runs_under_the_forward_scope(fresh_rlk):
     with rlk.use_backends("picky", strict=True):
         logp.sum().backward()  # picky refuses every device: only the forward's scope works
     assert leaf.grad is not None and torch.isfinite(leaf.grad).all()
+
+
+def test_a_scope_inside_a_suspended_generator_does_not_bind_the_caller(fresh_rlk):
+    """Generators run in their caller's context: without care, a scope entered inside one
+    stays in force for the caller while the generator waits at a `yield`."""
+    _use(fresh_rlk, "fast")
+    logits, tokens = _inputs()
+
+    def batches():
+        with rlk.use_backends("native"):
+            yield rlk.explain("logp", logits, tokens).backend
+            yield rlk.explain("logp", logits, tokens).backend
+
+    stream = batches()
+    assert next(stream) == "native"
+    assert rlk.explain("logp", logits, tokens).backend == "fast"  # suspended: not its scope
+    assert next(stream) == "native"  # resumed: its own scope again
+    stream.close()
+    assert rlk.explain("logp", logits, tokens).backend == "fast"
+
+
+def test_a_generator_scope_still_chooses_its_forwards_backward(fresh_rlk):
+    _use(fresh_rlk, "picky")
+    logits, tokens = _inputs()
+    leaf = logits.clone().requires_grad_(True)
+
+    def forwards():
+        with rlk.use_backends("native", strict=True):
+            yield rlk.logp(leaf, tokens)
+
+    stream = forwards()
+    logp = next(stream)
+    with rlk.use_backends("picky", strict=True):
+        logp.sum().backward()  # picky refuses every device: only the generator's scope works
+    assert leaf.grad is not None and torch.isfinite(leaf.grad).all()
+    stream.close()
+
+
+def test_a_scope_inside_a_suspended_async_generator_does_not_bind_the_caller(fresh_rlk):
+    _use(fresh_rlk, "fast")
+    logits, tokens = _inputs()
+    seen = []
+
+    async def batches():
+        with rlk.use_backends("native"):
+            yield rlk.explain("logp", logits, tokens).backend
+
+    async def consume():
+        async for backend in batches():
+            seen.append(backend)
+            seen.append(rlk.explain("logp", logits, tokens).backend)
+
+    asyncio.run(consume())
+    assert seen == ["native", "fast"]
+
+
+def test_a_preferred_lower_priority_backend_is_no_fallback(fresh_rlk, caplog):
+    """fast (priority 50) could serve, but the user put native first: explain says so, and
+    nothing is logged as a fallback."""
+    _use(fresh_rlk, "fast")
+    logits, tokens = _inputs()
+    with caplog.at_level(logging.WARNING, logger="rlk"), rlk.use_backends("native"):
+        selection = rlk.explain("logp", logits, tokens)
+        rlk.logp(logits, tokens)
+    assert selection.backend == "native" and selection.outranked == ("fast",)
+    assert selection.rejected["fast"] == ("could serve this call, but 'native' comes first in "
+                                          "the backend preference")
+    assert not [r for r in caplog.records if "falls back" in r.getMessage()]

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import signal
 import threading
+import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +17,7 @@ import pytest
 import torch
 
 import rlk
-from rlk import dispatch, plugins
+from rlk import api_versions, dispatch
 from rlk.registry import Registry
 
 
@@ -186,9 +190,21 @@ def test_plugin_api_versions_core_does_not_speak_are_refused(use_plugins):
     record = _records()["future"]
     assert record.status == "failed"
     assert "newer than rlk-core's" in record.error
-    assert "not a 'major.minor' string" in str(plugins.api_mismatch("one"))
-    assert plugins.api_mismatch("0.9") is not None
-    assert plugins.api_mismatch("1.0") is None
+    assert record.api == "2.7"
+    assert "not a 'major.minor' string" in str(api_versions.mismatch("one"))
+    assert "rlk-core speaks 2.0" in str(api_versions.mismatch("0.9"))
+    assert api_versions.mismatch("2.0") is None
+
+
+def test_plugin_api_1_0_is_refused_with_what_changed_and_1_1_is_served_as_2_0():
+    """1.1 changed 1.0's kernel contract (float64 lse, [M, K] tokens, option objects): 1.0
+    plugins are refused saying so; 1.1 named the contract that 2.0 now numbers honestly."""
+    refused = str(api_versions.mismatch("1.0"))
+    assert "no longer serves" in refused and "lse in float64" in refused
+    assert 'declare RLK_PLUGIN_API = "2.0"' in refused
+    assert api_versions.mismatch("1.1") is None
+    assert api_versions.served_as("1.1") == "2.0"
+    assert "rlk-core speaks 2.0" in str(api_versions.mismatch("3.0"))
 
 
 def test_plugin_without_a_hook_is_failed_not_silently_empty(use_plugins):
@@ -207,3 +223,43 @@ def test_unknown_plugin_filter_names_are_warned(use_plugins, fresh_rlk, caplog):
     messages = [r.getMessage() for r in caplog.records]
     assert any("RLK_DISABLE_PLUGINS names 'fsat'" in m and "did you mean 'fast'" in m
                for m in messages), messages
+
+
+def _exit_status(pid: int, timeout: float) -> int | None:
+    """The child's exit code, or None (after killing it) if it has not ended by `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return None
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_child_forked_while_another_thread_loads_plugins_loads_them_itself(use_plugins):
+    """The loading thread does not exist in the child: its lock must not stay held there."""
+    use_plugins(stalling="fake_plugins:stalling")
+    stalling = fake_plugins.Stalling
+    stalling.started.clear()
+    stalling.release.clear()
+    loading = threading.Thread(target=rlk.backends, args=("cpu",))
+    loading.start()
+    try:
+        assert stalling.started.wait(30)
+        with warnings.catch_warnings():  # "this process is multi-threaded": the point here
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the child: load, and say whether the stalled plugin is there
+            code = 3
+            try:
+                code = 0 if "stalling" in [b.name for b in rlk.backends("cpu")] else 4
+            finally:
+                os._exit(code)
+        status = _exit_status(pid, timeout=60)
+    finally:
+        stalling.release.set()
+        loading.join()
+    assert status == 0, "the forked child hung on the loader's lock" if status is None else status

@@ -1,5 +1,5 @@
 """Test set-up for rlk-cuda. The `gpu` marker and its skip without a CUDA device come from
-rlk-core's pytest plugin (rlk.testing), which every environment with rlk-cuda has."""
+rlk-core's pytest plugin (rlk.testing), which the repository's pytest settings opt in to."""
 
 from __future__ import annotations
 

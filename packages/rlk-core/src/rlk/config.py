@@ -46,6 +46,15 @@ def reset_check_inputs() -> None:
 
 
 def checking_inputs() -> bool:
+    """Whether value checks run. Every op and kernel call asks, so an unset variable costs
+    one dict lookup (`in os.environ` raises and catches a KeyError: about 1 us)."""
     if _check_inputs_override is not None:
         return _check_inputs_override
+    if _ENVIRON is not None and _CHECK_INPUTS_KEY not in _ENVIRON:
+        return False
     return env_flag("RLK_CHECK_INPUTS")
+
+
+# the mapping os.environ keeps in step with itself, keyed as it encodes names (CPython)
+_ENVIRON: dict[object, object] | None = getattr(os.environ, "_data", None)
+_CHECK_INPUTS_KEY = os.environ.encodekey("RLK_CHECK_INPUTS") if _ENVIRON is not None else None

@@ -8,12 +8,15 @@ for `rlk.explain`, `rlk-core doctor` and `BackendUnavailableError`.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
+import inspect
 import logging
+import os
+import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any, TypeVar
 
 import torch
@@ -22,7 +25,14 @@ from rlk.config import env_flag, env_names
 from rlk.errors import BackendUnavailableError
 from rlk.names import did_you_mean, listing
 from rlk.op_table import OP_NAMES
-from rlk.plugins import BLOCKED, DUPLICATE, FAILED, PluginLoader, failed_plugins
+from rlk.plugins import (
+    BLOCKED,
+    DUPLICATE,
+    FAILED,
+    PluginLoader,
+    failed_plugins,
+    misplaced_entry_points,
+)
 from rlk.registry import Kernel, Registry, as_names, verdict
 
 log = logging.getLogger("rlk")
@@ -50,8 +60,9 @@ class Selection:
     device: str
     backend: str | None
     kernel: Kernel | None
-    rejected: Mapping[str, str] = field(default_factory=dict)
+    rejected: Mapping[str, str] = field(default_factory=dict)  # every other backend: why not
     plan: str | None = None  # how the kernel will run the call, when it says (`explain`)
+    outranked: tuple[str, ...] = ()  # backends in `rejected` that could serve, ranked lower
 
     @property
     def kernel_name(self) -> str | None:
@@ -108,14 +119,18 @@ class Dispatcher:
         self._warn_unknown(policy)
         binds = self._strict_binds(op, policy)
         rejected: dict[str, str] = {}
+        outranked = []
         chosen: Kernel | None = None
         for kernel in self._ranked(op, policy):
             reason = self._reject_reason(kernel, device, dtype, args, policy, binds, needs_grad)
             if reason is None and chosen is None:
                 chosen = kernel
                 continue
-            if reason is not None:
-                rejected[kernel.backend] = reason
+            if reason is None:
+                assert chosen is not None
+                reason = f"could serve this call, but {self._ranks_below(kernel, chosen, policy)}"
+                outranked.append(kernel.backend)
+            rejected[kernel.backend] = reason
         serving = {k.backend for k in self.registry.kernels[op]}
         for name in self.registry.backends:
             if name not in serving:
@@ -124,7 +139,16 @@ class Dispatcher:
             if name not in self.registry.backends:
                 rejected[name] = self.missing(name)
         backend = None if chosen is None else chosen.backend
-        return Selection(op, str(device), backend, chosen, rejected)
+        return Selection(op, str(device), backend, chosen, rejected, outranked=tuple(outranked))
+
+    def _ranks_below(self, kernel: Kernel, chosen: Kernel, policy: Policy) -> str:
+        if chosen.backend in policy.order:
+            return f"'{chosen.backend}' comes first in the backend preference"
+        mine = self.registry.backends[kernel.backend].priority
+        theirs = self.registry.backends[chosen.backend].priority
+        if mine == theirs:
+            return f"'{chosen.backend}' has the same priority ({mine}) and registered first"
+        return f"'{chosen.backend}' has a higher priority ({theirs} > {mine})"
 
     def missing(self, name: str) -> str:
         """Why no backend called `name` is registered: its plugin's recorded cause if any."""
@@ -137,6 +161,7 @@ class Dispatcher:
                    f"{record.error}"
         failed = failed_plugins(self.loader.records)
         also = f"; plugins that failed to load: {', '.join(failed)}" if failed else ""
+        also += "".join(f"; {line}" for point, line in misplaced_entry_points() if point == name)
         return (f"not installed: no plugin registered a backend '{name}' (backends: "
                 f"{listing(self.registry.backends)}){did_you_mean(name, self.registry.backends)}"
                 f"{also}")
@@ -236,7 +261,8 @@ class Dispatcher:
         binds = self._strict_binds(selection.op, policy)
         for kernel in self.registry.kernels[selection.op]:
             reason = selection.rejected.get(kernel.backend)
-            if reason is None or device_type not in kernel.devices:
+            if (reason is None or device_type not in kernel.devices
+                    or kernel.backend in selection.outranked):
                 continue
             if binds and not self._strict_allows(kernel, policy):
                 continue
@@ -247,7 +273,44 @@ class Dispatcher:
                             selection.op, kernel.backend, selection.backend, reason)
 
 
-_policy: contextvars.ContextVar[Policy | None] = contextvars.ContextVar("rlk_policy", default=None)
+@dataclass(frozen=True)
+class _SuspendableScope:
+    """A `use_backends` scope entered inside a generator or coroutine.
+
+    Generators run in their caller's context, so a context variable set inside one stays
+    set in the caller while the generator is suspended. This scope holds only while the
+    frame that entered it is running (on the current stack); otherwise the scope outside it
+    applies, as it would if the generator had its own context.
+    """
+
+    policy: Policy
+    frame: FrameType
+    outer: Policy | _SuspendableScope | None
+
+
+# what `use_backends` scopes set: a Policy, a generator's scope, or None (the environment's)
+_policy: contextvars.ContextVar[Policy | _SuspendableScope | None] = contextvars.ContextVar(
+    "rlk_policy", default=None)
+_SUSPENDABLE = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+                | inspect.CO_ITERABLE_COROUTINE)
+
+
+def _effective(scoped: Policy | _SuspendableScope | None) -> Policy | None:
+    """The policy in force: generator scopes whose frame is suspended do not count."""
+    while isinstance(scoped, _SuspendableScope):
+        if _running(scoped.frame):
+            return scoped.policy
+        scoped = scoped.outer
+    return scoped
+
+
+def _running(frame: FrameType) -> bool:
+    current: FrameType | None = sys._getframe(1)
+    while current is not None:
+        if current is frame:
+            return True
+        current = current.f_back
+    return False
 
 
 class ScopedPolicy:
@@ -269,17 +332,17 @@ class ScopedPolicy:
 
 def captured_policy() -> Policy | None:
     """The scoped policy in force now, for re-entering later (see ScopedPolicy)."""
-    return _policy.get()
+    return _effective(_policy.get())
 
 
 def current_policy(dispatcher: Dispatcher) -> Policy:
     scoped = _policy.get()
-    return dispatcher.env_policy if scoped is None else scoped
+    if type(scoped) is _SuspendableScope:  # every call reads this: no call unless needed
+        scoped = _effective(scoped)
+    return dispatcher.env_policy if scoped is None else scoped  # type: ignore[return-value]
 
 
-@contextlib.contextmanager
-def use_backends(*names: str, strict: bool | None = None,
-                 require: str | Iterable[str] = ()) -> Iterator[Policy]:
+class use_backends:  # a lowercase class: used like a function, `with rlk.use_backends(...):`
     """Scope a backend preference: `with rlk.use_backends("cuda", strict=True): ...`.
 
     Names come first in that order; unnamed backends keep their priority after them.
@@ -287,26 +350,41 @@ def use_backends(*names: str, strict: bool | None = None,
     names, below the highest-priority backend), for the ops a named backend implements
     (every op, when a named backend is not installed); `require` keeps only kernels with
     those properties (one name or several, e.g. "batch_invariant"). Scopes nest; the
-    inner one wins.
+    inner one wins. A scope entered inside a generator (or coroutine) holds only while it
+    runs: the caller does not see it while the generator is suspended. (As for any context
+    variable, a scope the caller enters around a later `next()` is the inner one there.)
     """
-    for name in names:
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"backend names must be non-empty strings, got {name!r}")
-    if strict is not None and not isinstance(strict, bool):
-        raise TypeError(f"strict must be True, False or None (keep the outer setting), "
-                        f"got {strict!r}")
-    required = frozenset(as_names("require", require))
-    outer = _policy.get() or get_dispatcher().env_policy
-    policy = Policy(
-        order=tuple(names) if names else outer.order,
-        strict=outer.strict if strict is None else strict,
-        require=required | outer.require,
-    )
-    token = _policy.set(policy)
-    try:
-        yield policy
-    finally:
-        _policy.reset(token)
+
+    __slots__ = ("_names", "_require", "_strict", "_token")
+
+    def __init__(self, *names: str, strict: bool | None = None,
+                 require: str | Iterable[str] = ()):
+        for name in names:
+            if not isinstance(name, str) or not name:
+                raise TypeError(f"backend names must be non-empty strings, got {name!r}")
+        if strict is not None and not isinstance(strict, bool):
+            raise TypeError(f"strict must be True, False or None (keep the outer setting), "
+                            f"got {strict!r}")
+        self._names, self._strict = names, strict
+        self._require = frozenset(as_names("require", require))
+
+    def __enter__(self) -> Policy:
+        scoped = _policy.get()
+        outer = _effective(scoped) or get_dispatcher().env_policy
+        policy = Policy(
+            order=self._names or outer.order,
+            strict=outer.strict if self._strict is None else self._strict,
+            require=self._require | outer.require,
+        )
+        frame = sys._getframe(1)
+        entered: Policy | _SuspendableScope = policy
+        if frame.f_code.co_flags & _SUSPENDABLE:
+            entered = _SuspendableScope(policy, frame, scoped)
+        self._token = _policy.set(entered)
+        return policy
+
+    def __exit__(self, *exc: object) -> None:
+        _policy.reset(self._token)
 
 
 _dispatcher: Dispatcher | None = None
@@ -320,6 +398,18 @@ def get_dispatcher() -> Dispatcher:
             if _dispatcher is None:
                 _dispatcher = Dispatcher(OP_NAMES)
     return _dispatcher
+
+
+def _after_fork_in_child() -> None:
+    """Locks held by threads that do not exist in a forked child start free there."""
+    global _dispatcher_lock
+    _dispatcher_lock = threading.Lock()
+    if _dispatcher is not None:
+        _dispatcher._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def reset() -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass
 
 import torch
 
-from rlk._runtime.spec import specs
+from rlk._runtime.spec import OpSpec, specs
 from rlk.dispatch import Dispatcher, Selection, get_dispatcher
 from rlk.plugins import BLOCKED as BLOCKED_PLUGIN
 from rlk.plugins import FAILED as FAILED_PLUGIN
@@ -71,6 +72,18 @@ def backend_records(dispatcher: Dispatcher, target: torch.device) -> list[Backen
     return records
 
 
+def op_spec(op: str) -> OpSpec:
+    """The spec of a dispatched op; a ValueError saying why for any other name."""
+    known = specs()
+    if op in known:
+        return known[op]
+    public = sys.modules["rlk"]  # the package this module belongs to, imported by now
+    if op in public.__all__ and callable(getattr(public, op)):
+        raise ValueError(f"rlk.{op} is not a dispatched op: no backend serves it, so there is "
+                         f"nothing to explain (ops: {', '.join(known)})")
+    raise ValueError(f"unknown op {op!r}; rlk defines {sorted(known)}")
+
+
 def explain(op: str, *args: object, **kwargs: object) -> Selection:
     """The selection for `rlk.<op>(*args, **kwargs)` without running it.
 
@@ -79,10 +92,7 @@ def explain(op: str, *args: object, **kwargs: object) -> Selection:
     the path the kernel will take, for kernels whose forward has a `plan(**kernel_args)`
     attribute (linear_policy_loss: 3 GEMMs or two passes).
     """
-    known = specs()
-    if op not in known:
-        raise ValueError(f"unknown op {op!r}; rlk defines {sorted(known)}")
-    spec = known[op]
+    spec = op_spec(op)
     call = spec.prepare(*args, **kwargs)
     selection = spec.select(call)
     plan = None if selection.kernel is None else getattr(selection.kernel.forward, "plan", None)

@@ -13,9 +13,12 @@ before it, and the dispatcher caches nothing decided before loading ends.
 
 from __future__ import annotations
 
+import difflib
 import logging
+import os
 import re
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from importlib import import_module, metadata
@@ -23,15 +26,17 @@ from typing import Any
 
 import pluggy
 
+from rlk import api_versions
 from rlk.config import env_flag, env_names
 from rlk.errors import PluginError, describe
-from rlk.hookspec import API_VERSION, PROJECT, HookSpecs
+from rlk.hookspec import PROJECT, HookSpecs
 from rlk.names import did_you_mean, listing
 from rlk.registry import Registry
 from rlk.version import __version__
 from rlk.watchdog import warn_if_slow
 
 ENTRY_POINT_GROUP = "rlk.backends"
+_LOADERS: weakref.WeakSet[PluginLoader] = weakref.WeakSet()
 BUILTIN_PLUGINS = ("rlk.native",)
 LOADED, FAILED, BLOCKED, DUPLICATE = "loaded", "failed", "blocked", "duplicate"
 # what importlib can load: a dotted module, optionally ":attr.path", optionally "[extras]"
@@ -50,32 +55,8 @@ class PluginRecord:
     status: str  # loaded | failed | blocked | duplicate
     error: str = ""
     target: str = ""  # the entry point's value: the module (or object) it names
-
-
-def api_mismatch(declared: object) -> str | None:
-    """Why a plugin declaring RLK_PLUGIN_API = `declared` cannot load here, or None.
-
-    The major version must match; the minor must not be newer than core's, since the
-    plugin may use what that minor version added.
-    """
-    if declared is None:
-        return ("declares no RLK_PLUGIN_API (set RLK_PLUGIN_API = rlk.backend.API_VERSION); "
-                f"rlk-core speaks {API_VERSION}")
-    wanted, have = _major_minor(declared), _major_minor(API_VERSION)
-    assert have is not None
-    if wanted is None:
-        return f"declares RLK_PLUGIN_API = {declared!r}, not a 'major.minor' string"
-    if wanted[0] != have[0]:
-        return f"written for plugin API {declared}, rlk-core speaks {API_VERSION}"
-    if wanted[1] > have[1]:
-        return (f"written for plugin API {declared}, newer than rlk-core's {API_VERSION}: "
-                "upgrade rlk-core")
-    return None
-
-
-def _major_minor(version: object) -> tuple[int, int] | None:
-    match = re.fullmatch(r"(\d+)\.(\d+)", version) if isinstance(version, str) else None
-    return None if match is None else (int(match[1]), int(match[2]))
+    api: str = ""  # the RLK_PLUGIN_API it declares ("" until imported, or if none)
+    backends: tuple[str, ...] = ()  # the backends its hook declared
 
 
 class PluginLoader:
@@ -86,7 +67,8 @@ class PluginLoader:
         self.records: list[PluginRecord] = []
         self._lock = threading.RLock()
         self._loaded = False
-        self._loading = False
+        self._loading_thread: int | None = None  # the thread running _load_all, if one is
+        _LOADERS.add(self)
 
     @property
     def loaded(self) -> bool:
@@ -114,32 +96,50 @@ class PluginLoader:
         if self._loaded:
             return
         with self._lock:
-            if self._loaded or self._loading:
+            if self._loaded or self._loading_thread is not None:
                 return
-            self._loading = True
+            self._loading_thread = threading.get_ident()
             try:
                 self._load_all()
             except BaseException:
-                self.registry.clear()
-                self.records = []
+                self._forget()
                 raise
             finally:
-                self._loading = False
+                self._loading_thread = None
             self._loaded = True
         for warning in self.unknown_filters():
             log.warning("rlk: %s", warning)
+
+    def _forget(self) -> None:
+        self.registry.clear()
+        self.records = []
+
+    def after_fork_in_child(self) -> None:
+        """A forked child has only the thread that forked: a lock another thread held would
+        stay held forever, and a load that thread was running would never end. Give the
+        child a free lock and, if such a load was under way, nothing loaded: it loads again.
+        (A load running on the forking thread itself goes on in the child, lock and all.)"""
+        if self._loading_thread == threading.get_ident():
+            return
+        self._lock = threading.RLock()
+        if self._loading_thread is not None:
+            self._loading_thread = None
+            self._forget()
 
     def unknown_filters(self) -> list[str]:
         """RLK_PLUGINS / RLK_DISABLE_PLUGINS names that match no plugin's entry point."""
         known = {r.name for r in self.records}
         by_distribution = {_normal(r.distribution): r.name for r in self.records if r.distribution}
+        by_backend = {b: r.name for r in self.records for b in r.backends}
         found = []
         for control in ("RLK_PLUGINS", "RLK_DISABLE_PLUGINS"):
             for name in env_names(control):
-                if name in known:
+                if name in known or (control == "RLK_DISABLE_PLUGINS" and name in by_backend):
                     continue
-                plugin = by_distribution.get(_normal(name))
-                hint = (f"; '{name}' is a distribution: its plugin is named '{plugin}'"
+                plugin, what = by_distribution.get(_normal(name)), "a distribution"
+                if plugin is None:
+                    plugin, what = by_backend.get(name), "a backend"
+                hint = (f"; '{name}' is {what}: its plugin is named '{plugin}'"
                         if plugin else did_you_mean(name, known))
                 found.append(f"{control} names '{name}', which is no plugin's entry point "
                              f"(plugins: {listing(known)}){hint}")
@@ -149,7 +149,7 @@ class PluginLoader:
         loaded_by: dict[int, str] = {}  # id(plugin object) -> the entry point that loaded it
         for name in BUILTIN_PLUGINS:
             record = PluginRecord(name, "rlk-core", __version__, LOADED, target=name)
-            self._register(record, import_module(name), loaded_by)
+            self._register(record, import_module(name), loaded_by, ())
         only, disabled = env_names("RLK_PLUGINS"), env_names("RLK_DISABLE_PLUGINS")
         for entry_point in _entry_points():
             record = _record(entry_point)
@@ -165,16 +165,19 @@ class PluginLoader:
             else:
                 plugin = self._attempt(record, "import", entry_point.load)
                 if plugin is not _FAILED:
-                    self._register(record, plugin, loaded_by)
+                    self._register(record, plugin, loaded_by, disabled)
 
-    def _register(self, record: PluginRecord, plugin: Any, loaded_by: dict[int, str]) -> None:
+    def _register(self, record: PluginRecord, plugin: Any, loaded_by: dict[int, str],
+                  disabled: tuple[str, ...]) -> None:
         first = loaded_by.get(id(plugin))
         if first is not None:
             self.records.append(replace(record, status=DUPLICATE, error="names the plugin that "
                                         f"entry point '{first}' already loaded"))
             return
         loaded_by[id(plugin)] = record.name
-        mismatch = api_mismatch(getattr(plugin, "RLK_PLUGIN_API", None))
+        declared = getattr(plugin, "RLK_PLUGIN_API", None)
+        record = replace(record, api=declared if isinstance(declared, str) else "")
+        mismatch = api_versions.mismatch(declared)
         if mismatch is not None:
             self._fail(record, mismatch)
             return
@@ -189,9 +192,16 @@ class PluginLoader:
                                   "@rlk.backend.hookimpl)")
             manager.hook.rlk_register(registry=stage)
 
-        if self._attempt(record, "rlk_register", run_hook) is not _FAILED:
-            self.registry.merge(stage)
-            self.records.append(replace(record, status=LOADED))
+        if self._attempt(record, "rlk_register", run_hook) is _FAILED:
+            return
+        record = replace(record, backends=tuple(stage.backends))
+        named = [name for name in record.backends if name in disabled]
+        if named:  # blocked by its backend's name: known only once the hook has run
+            self.records.append(replace(record, status=BLOCKED, error="disabled by "
+                                        f"RLK_DISABLE_PLUGINS (its backend '{named[0]}')"))
+            return
+        self.registry.merge(stage)
+        self.records.append(replace(record, status=LOADED))
 
     def _attempt(self, record: PluginRecord, action: str, call: Callable[[], Any]) -> Any:
         """`call()`'s result, or _FAILED after recording why: any exception but Ctrl-C
@@ -216,6 +226,26 @@ def _entry_points() -> list[metadata.EntryPoint]:
     return sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
 
 
+def misplaced_entry_points() -> list[tuple[str, str]]:
+    """Entry points in a group named almost like ENTRY_POINT_GROUP ("rlk.backend",
+    "rlk_backends"): plugins rlk never sees, as (entry point name, a line naming the fix)."""
+    found = []
+    for group in sorted(metadata.entry_points().groups):
+        if group == ENTRY_POINT_GROUP or not _near_miss(group):
+            continue
+        for point in metadata.entry_points(group=group):
+            owner = point.dist.metadata["Name"] if point.dist is not None else "?"
+            found.append((point.name, f"distribution {owner} declares entry point '{point.name}' "
+                                      f"in group '{group}', which rlk does not read: the group "
+                                      f"is '{ENTRY_POINT_GROUP}'"))
+    return found
+
+
+def _near_miss(group: str) -> bool:
+    normal = re.sub(r"[-_\s]+", ".", group.strip().lower())
+    return difflib.SequenceMatcher(None, normal, ENTRY_POINT_GROUP).ratio() >= 0.8
+
+
 def _record(entry_point: metadata.EntryPoint) -> PluginRecord:
     dist = entry_point.dist
     name = dist.metadata["Name"] if dist is not None else ""
@@ -234,3 +264,12 @@ def _block_hint(plugin: str) -> str:
 def failed_plugins(records: Iterable[PluginRecord]) -> list[str]:
     """Names of the plugins that failed to load."""
     return [r.name for r in records if r.status == FAILED]
+
+
+def _after_fork_in_child() -> None:
+    for loader in list(_LOADERS):
+        loader.after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)

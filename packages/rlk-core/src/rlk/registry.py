@@ -168,7 +168,10 @@ def _dtypes(value: object) -> tuple[torch.dtype, ...] | None:
 
 
 class Registry:
-    """The table a plugin's `rlk_register` hook writes into (and, merged, the dispatcher's)."""
+    """The table a plugin's `rlk_register` hook writes into (and, merged, the dispatcher's).
+
+    A hook calls `add_backend` and then `add_kernel`, and may read `known_ops`; the other
+    methods serve rlk's loader and dispatcher."""
 
     def __init__(self, known_ops: Iterable[str], *, plugin: str = "", distribution: str = "",
                  taken: Mapping[str, str] | None = None):

@@ -17,6 +17,9 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from rlk._runtime import kernel_checks
+from rlk._runtime.validate import readable
+from rlk.config import checking_inputs
 from rlk.errors import KernelError
 from rlk.registry import Kernel
 
@@ -37,37 +40,47 @@ _NOTE = "rlk:"
 
 
 class BoundKernel:
-    """A selected kernel with its op's contract attached (what dispatch hands to ops)."""
+    """A selected kernel with its op's contract attached (what dispatch hands to ops).
 
-    __slots__ = ("_grad_meta", "_output_meta", "kernel")
+    Every call's outputs are checked by metadata; under RLK_CHECK_INPUTS=1, or with
+    `verify_values=True` (the conformance kit), also by value (rlk._runtime.kernel_checks).
+    """
 
-    def __init__(self, kernel: Kernel, output_meta: MetaFn | None, grad_meta: MetaFn | None):
+    __slots__ = ("_grad_meta", "_nan_rule", "_output_meta", "kernel", "verify_values")
+
+    def __init__(self, kernel: Kernel, output_meta: MetaFn | None, grad_meta: MetaFn | None,
+                 verify_values: bool = False, nan_rule: kernel_checks.NanRule | None = None):
         self.kernel = kernel
         self._output_meta = output_meta
         self._grad_meta = grad_meta
+        self.verify_values = verify_values
+        self._nan_rule = nan_rule
 
     @property
     def backend(self) -> str:
         return self.kernel.backend
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            result = self.kernel.forward(*args, **kwargs)
-        except Exception as exc:
-            attribute(exc, self.kernel, "forward")
-            raise
-        if self._output_meta is not None:
-            check(self.kernel, "forward", result, self._output_meta(*args, **kwargs))
-        return result
+        return self._run("forward", self.kernel.forward, self._output_meta, args, kwargs)
 
     def backward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._run("backward", self.kernel.backward, self._grad_meta, args, kwargs)
+
+    def _run(self, phase: str, function: Callable[..., Any], meta: MetaFn | None,
+             args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        values = ((self.verify_values or checking_inputs())
+                  and readable(*args, *kwargs.values()))
+        before = kernel_checks.fingerprints(args, kwargs) if values else []
         try:
-            result = self.kernel.backward(*args, **kwargs)
+            result = function(*args, **kwargs)
         except Exception as exc:
-            attribute(exc, self.kernel, "backward")
+            attribute(exc, self.kernel, phase)
             raise
-        if self._grad_meta is not None:
-            check(self.kernel, "backward", result, self._grad_meta(*args, **kwargs))
+        if meta is not None:
+            check(self.kernel, phase, result, meta(*args, **kwargs))
+        if values:
+            kernel_checks.verify(self.kernel, phase, meta, args, kwargs, result, before,
+                                 self._nan_rule)
         return result
 
 

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from rlk._runtime.contract import BoundKernel, MetaFn
+from rlk._runtime.kernel_checks import NanRule
 from rlk._runtime.operator import Operator, define, run
 from rlk._runtime.signature import KernelArgs
 from rlk.dispatch import Selection, current_policy, get_dispatcher
@@ -71,6 +72,9 @@ class OpSpec:
     - `output_meta` / `grad_meta`: called with a forward / backward kernel call's own
       arguments, what each tensor it returns must be (`Out`, or None: unchecked); every
       call is checked against them (see rlk._runtime.contract).
+    - `nan_rule`: (a forward call's named arguments, its outputs) -> where each output may
+      hold NaN (a bool or a mask per output): what the value checks (RLK_CHECK_INPUTS=1, the
+      kit, doctor --smoke) hold a kernel to; None: not checked.
     - `shape_call` / `shape_help`: the public call `rlk-core explain OP --shape ...`
       explains, built on the meta device, and the shape it takes ("N,V").
     """
@@ -96,6 +100,7 @@ class OpSpec:
     grad_meta: MetaFn | None = None
     shape_call: ShapeCall | None = None
     shape_help: str = ""
+    nan_rule: NanRule | None = None
     torch_op: Any = field(init=False, default=None, repr=False, compare=False)
 
     @property
@@ -125,7 +130,7 @@ class OpSpec:
 
     def bind(self, kernel: Kernel) -> BoundKernel:
         """`kernel` with this op's output contract attached."""
-        return BoundKernel(kernel, self.output_meta, self.grad_meta)
+        return BoundKernel(kernel, self.output_meta, self.grad_meta, nan_rule=self.nan_rule)
 
     def needs_grad(self, args: Mapping[str, Any]) -> bool:
         """Whether the call needs a kernel with a backward: an input tensor requires grad.

@@ -95,9 +95,15 @@ def value_checks(*tensors: torch.Tensor | None) -> bool:
     propagation, torch.compile tracing) skip them, and so does any call while
     torch.compile traces, where reading a value would break the graph.
     """
-    if not config.checking_inputs() or torch.compiler.is_compiling():
+    return config.checking_inputs() and readable(*tensors)
+
+
+def readable(*tensors: object) -> bool:
+    """Whether these values can be read now: no meta or fake tensor among them, and no
+    torch.compile tracing (reading a value would break the graph)."""
+    if torch.compiler.is_compiling():
         return False
-    return not any(t is not None and _symbolic(t) for t in tensors)
+    return not any(isinstance(t, torch.Tensor) and _symbolic(t) for t in tensors)
 
 
 def _byte_span(value: torch.Tensor) -> tuple[int, int]:

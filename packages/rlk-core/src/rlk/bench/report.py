@@ -106,12 +106,23 @@ def markdown_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def findings_section(rows: list[Row]) -> str:
-    """The findings as a Markdown list under a heading (what the console summary prints)."""
+SMOKE_NOTE = ("a smoke run: tiny shapes and few repetitions on whatever else the machine runs, "
+              "so these timing findings are not meaningful; they prove the tool runs")
+
+
+def findings_section(rows: list[Row], smoke: bool = False) -> str:
+    """The findings as a Markdown list under a heading (what the console summary prints);
+    a smoke run's are labelled as what they are, noise."""
     found = findings.lines(rows)
     head = (f"## Findings: {len(found)} (rlk rows below {findings.ROOFLINE_FLOOR_PCT:.0f}% "
             "of their roofline or slower than a peer)")
-    return "\n".join([head, "", *(f"- {line}" for line in found)]) if found else head + "\n\nnone"
+    if not found:
+        return head + "\n\nnone"
+    lines = [head, ""]
+    if smoke:
+        lines += [f"Not meaningful: {SMOKE_NOTE}.", ""]
+        found = [f"{line} (smoke: not meaningful)" for line in found]
+    return "\n".join([*lines, *(f"- {line}" for line in found)])
 
 
 def markdown(report: Report) -> str:
@@ -137,7 +148,8 @@ def markdown(report: Report) -> str:
         "",
     ]
     lines += [f"> {note}" for note in report.notes]
-    lines += ["", findings_section(report.rows), "", markdown_table(report.rows), ""]
+    lines += ["", findings_section(report.rows, bool(meta.get("smoke"))), "",
+              markdown_table(report.rows), ""]
     return "\n".join(lines)
 
 

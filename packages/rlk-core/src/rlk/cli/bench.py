@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
+from rlk.cli.devices import available
 
 
 def add_parser(subparsers: Any) -> None:
@@ -53,12 +53,25 @@ def command_line(args: argparse.Namespace) -> list[str]:
     return words
 
 
+def writable(directory: Path) -> None:
+    """Refuse, before any row runs, an --output-dir the reports could not be written to."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / ".rlk-write-test"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"--output-dir {directory}: {exc.strerror or exc}") from None
+
+
 def options_from(args: argparse.Namespace) -> Any:
     from rlk.bench.options import Options, parse_dtypes, parse_list
 
     extra = {}
     if args.device is not None:
-        extra["device"] = torch.device(args.device)
+        extra["device"] = available(args.device)
+    writable(args.output_dir)
+
     def listed(text: str | None) -> list[str] | None:
         """None when the flag is absent (all); [] when given empty (none)."""
         names = parse_list(text)
@@ -88,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     if options.summary:
         print(markdown_table(result.rows))
         print()
-        print(findings_section(result.rows))
+        print(findings_section(result.rows, options.smoke))
     counts = ", ".join(f"{k} {v}" for k, v in result.counts().items())
     print(f"rlk-core bench: {counts}; reports in {options.output_dir}", file=sys.stderr)
     for note in result.notes:

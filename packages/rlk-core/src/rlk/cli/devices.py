@@ -12,11 +12,7 @@ def available(text: str | None) -> torch.device:
     """
     if text is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise ValueError(f"--device must name a torch device (cpu, cuda, cuda:1, ...), "
-                         f"got {text!r}") from None
+    device = parse(text)
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
@@ -27,6 +23,15 @@ def available(text: str | None) -> torch.device:
     elif device.type not in ("cpu", "meta") and not _has(device):
         raise ValueError(f"--device {text}: torch sees no {device.type} device here")
     return device
+
+
+def parse(text: str) -> torch.device:
+    """`text` as a torch.device, whether or not this machine has it (a probe may say why not)."""
+    try:
+        return torch.device(text)
+    except RuntimeError:
+        raise ValueError(f"--device must name a torch device (cpu, cuda, cuda:1, ...), "
+                         f"got {text!r}") from None
 
 
 def _has(device: torch.device) -> bool:

@@ -10,10 +10,11 @@ from typing import Any
 import torch
 
 from rlk import environment
-from rlk.cli import findings, matrix, smoke
+from rlk.cli import findings, matrix, settings, smoke
 from rlk.config import env_names
 from rlk.dispatch import Dispatcher, get_dispatcher
 from rlk.introspect import backend_records
+from rlk.plugins import misplaced_entry_points
 
 SCHEMA_VERSION = 1
 
@@ -35,7 +36,9 @@ def build_report(device_index: int | None = None, run_smoke: bool = False) -> di
         "schema_version": SCHEMA_VERSION,
         "environment": environment.collect(),
         "plugins": [dataclasses.asdict(r) for r in dispatcher.loader.records],
+        "misplaced_entry_points": [line for _, line in misplaced_entry_points()],
         "controls": unknown_names(dispatcher),
+        "settings": settings.errors(),
     }
     report["backends"] = [dataclasses.asdict(b) for b in backend_records(dispatcher,
                                                                           targets[-1])]
@@ -73,8 +76,9 @@ def render(report: dict[str, Any]) -> str:
     lines += ["", "Plugins"]
     for plugin in report["plugins"]:
         extra = f": {plugin['error']}" if plugin["error"] else ""
-        lines.append(f"  {plugin['name']:15} {plugin['status']:8} {plugin['distribution']} "
-                     f"{plugin['version']}{extra}")
+        api = f"API {plugin['api'] or '?'}"
+        lines.append(f"  {plugin['name']:15} {plugin['status']:9} {api:9} "
+                     f"{plugin['distribution']} {plugin['version']}{extra}")
     lines += ["", "Backends (probe per device)"]
     for backend in report["backends"]:
         lines.append(f"  {backend['name']:15} {backend['status']:12} priority "
@@ -92,10 +96,13 @@ def render(report: dict[str, Any]) -> str:
             for name, why in row["rejected"].items():
                 lines.append(f"  {'':24}   {name}: {why}")
     if "smoke" in report:
-        lines += ["", "Smoke tests"]
+        passed = sum(row["status"] == "pass" for row in report["smoke"])
+        lines += ["", f"Smoke tests (every kernel, run directly): {passed} passed, "
+                      f"{len(report['smoke']) - passed} failed"]
         for row in report["smoke"]:
-            lines.append(f"  {row['op']:20} {row['device']:8} {row['backend'] or '-':10} "
-                         f"{row['case']:14} {row['status']} {row['detail']}")
+            if row["status"] != "pass":
+                lines.append(f"  {row['op']:20} {row['device']:8} {row['backend']:10} "
+                             f"{row['dtype']:9} {row['case']:14} {row['detail']}")
     lines += ["", "Findings"]
     if not report["findings"]:
         lines.append("  none: healthy")
@@ -110,7 +117,7 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("doctor", help="diagnose the installation and dispatch")
     parser.add_argument("--json", action="store_true", help="machine-readable report")
     parser.add_argument("--smoke", action="store_true",
-                        help="run each selected kernel on tiny inputs against the reference")
+                        help="run every registered kernel on tiny inputs against the reference")
     parser.add_argument("--device", type=int, default=None, help="only this CUDA device index")
     parser.set_defaults(run=run)
 

@@ -12,25 +12,24 @@ from rlk import config
 from rlk._runtime.spec import specs
 from rlk.cli.devices import available
 from rlk.dispatch import current_policy, get_dispatcher
+from rlk.introspect import op_spec
 
 
 def explain_shape(op: str, shape: list[int], dtype: torch.dtype,
                   device: torch.device) -> dict[str, Any]:
     """Selection for a call of this shape, built on the meta device (nothing is allocated)."""
-    known = specs()
-    if op not in known:
-        raise ValueError(f"unknown op {op!r}; rlk defines {sorted(known)}")
-    spec = known[op]
+    spec = op_spec(op)
     if spec.shape_call is None:
         raise ValueError(f"{op} cannot be explained from a shape")
-    try:
-        args, kwargs = spec.shape_call(shape, dtype)
-    except ValueError as exc:
-        raise ValueError(f"{op} {exc}") from None
     previous = config.checking_inputs()
     config.check_inputs(False)  # range checks would read the (absent) data
     try:
+        args, kwargs = spec.shape_call(shape, dtype)
         call = spec.prepare(*args, **kwargs)
+    except ValueError as exc:
+        raise ValueError(f"{op} {exc}") from None
+    except RuntimeError as exc:  # torch refusing the sizes (their product overflows int64)
+        raise ValueError(f"{op} --shape {shape}: {str(exc).splitlines()[0]}") from None
     finally:
         config.check_inputs(previous)
     dispatcher = get_dispatcher()
@@ -47,7 +46,10 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("explain", help="which backend would serve a call, and why")
     parser.add_argument("op", help="op name, e.g. logp")
     parser.add_argument("--shape", required=True, help=f"comma-separated sizes: {shapes}")
-    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    dtypes = sorted({str(d).replace("torch.", "") for spec in specs().values()
+                     for d in spec.dtypes})
+    parser.add_argument("--dtype", default="float32", choices=dtypes,
+                        help=f"the main input's dtype: {', '.join(dtypes)} (default float32)")
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(run=run)
@@ -58,11 +60,9 @@ def run(args: argparse.Namespace) -> int:
         shape = [int(part) for part in args.shape.replace("x", ",").split(",") if part]
     except ValueError:
         raise ValueError(f"--shape must be comma-separated integers, got {args.shape!r}") from None
-    if any(size < 0 for size in shape):
-        raise ValueError(f"--shape sizes must be >= 0, got {args.shape!r}")
-    dtype = getattr(torch, args.dtype, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"--dtype must name a torch dtype, got {args.dtype!r}")
+    if any(not 0 <= size < 2**63 for size in shape):
+        raise ValueError(f"--shape sizes must be >= 0 and < 2**63, got {args.shape!r}")
+    dtype = getattr(torch, args.dtype)
     result = explain_shape(args.op, shape, dtype, available(args.device))
     if args.json:
         print(json.dumps(result, indent=2))

@@ -7,7 +7,9 @@ import dataclasses
 import json
 from typing import Any
 
+from rlk.cli.devices import parse
 from rlk.introspect import backends
+from rlk.registry import FAILED
 
 
 def add_parser(subparsers: Any) -> None:
@@ -18,11 +20,13 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    records = backends(args.device)
+    """Exit 0 when every listed backend is ready, unavailable or blocked; 1 when one failed
+    (its plugin failed to load, a kernel fails to import, or its probe fails)."""
+    records = backends(None if args.device is None else parse(args.device))
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in records], indent=2))
-        return 0
-    for r in records:
-        print(f"{r.name:15} {r.status:12} priority {r.priority!s:5} "
-              f"{r.distribution} {r.version}  {r.reason}")
-    return 0
+    else:
+        for r in records:
+            print(f"{r.name:15} {r.status:12} priority {r.priority!s:5} "
+                  f"{r.distribution} {r.version}  {r.reason}")
+    return 1 if any(r.status == FAILED for r in records) else 0

@@ -26,8 +26,11 @@ class Case:
 
     @property
     def bound(self) -> BoundKernel:
-        """The kernel with its op's output contract checked, as ops call it."""
-        return self.spec.bind(self.kernel)
+        """The kernel with its op's output contract checked, by metadata as ops call it and
+        by value (inputs unchanged, no aliases, NaN only where allowed) as the kit wants."""
+        bound = self.spec.bind(self.kernel)
+        bound.verify_values = True
+        return bound
 
 
 def backend_kernels(backend: str) -> dict[str, Kernel]:

@@ -18,13 +18,13 @@ from rlk.dispatch import get_dispatcher
 from rlk.registry import verdict
 from rlk.testing.cases import Case, backend_kernels
 from rlk.testing.compare import assert_bitwise_equal, assert_matches
-from rlk.testing.plugin import kit_device
+from rlk.testing.plugin import kit_backend, kit_device
 from rlk.testing.poison import poisoned_allocations
 
 
 def test_backend_serves_the_kit_device(request: pytest.FixtureRequest) -> None:
     """The backend under test must accept the device the kit runs on (--rlk-device)."""
-    name = request.config.getoption("--rlk-backend")
+    name = kit_backend(request.config)
     device = kit_device(request.config)
     kernels = backend_kernels(name)
     assert kernels, f"backend '{name}' registers no kernel for any rlk op"
@@ -38,7 +38,7 @@ def test_backend_serves_the_kit_device(request: pytest.FixtureRequest) -> None:
 
 def test_check_accepts_some_samples(request: pytest.FixtureRequest, rlk_op: str) -> None:
     """A kernel whose `check` refuses every conformance sample of its op serves nothing."""
-    name = request.config.getoption("--rlk-backend")
+    name = kit_backend(request.config)
     device = kit_device(request.config)
     kernel = backend_kernels(name)[rlk_op]
     if kernel.check is None or device.type not in kernel.devices:

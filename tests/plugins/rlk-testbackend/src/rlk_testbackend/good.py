@@ -13,7 +13,7 @@ from torch import Tensor
 
 from rlk.backend import hookimpl, one_token_per_row
 
-RLK_PLUGIN_API = "1.1"
+RLK_PLUGIN_API = "2.0"
 
 
 def probe(device: torch.device) -> str | None:

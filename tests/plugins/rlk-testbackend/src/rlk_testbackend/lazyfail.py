@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from rlk.backend import hookimpl
 
-RLK_PLUGIN_API = "1.1"
+RLK_PLUGIN_API = "2.0"
 
 
 @hookimpl

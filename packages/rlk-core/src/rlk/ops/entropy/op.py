@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlk._runtime import logits_args, validate
+from rlk._runtime import kernel_checks, logits_args, validate
 from rlk._runtime import temperature as temperatures
 from rlk._runtime.contract import BoundKernel, Out
 from rlk._runtime.operator import Grads, Operator, traced
@@ -225,6 +225,14 @@ def _batch_slice(args: dict[str, Any], start: int, stop: int) -> dict[str, Any] 
     return dict(args, logits=args["logits"][start:stop], **sliced)
 
 
+def _nan_rule(named: Mapping[str, Any], outputs: tuple[Any, ...]) -> tuple[Tensor | bool, ...]:
+    fine_rows = kernel_checks.fine_rows(named["logits"], named["temperature"])
+    fine, picked = kernel_checks.selected(fine_rows, named["rows"])
+    mask = named["mask"]
+    unread = torch.zeros_like(fine) if mask is None else ~mask[picked]
+    return ~fine & ~unread, ~fine | unread
+
+
 def _shape_call(shape: Any, dtype: torch.dtype) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if len(shape) < 2:
         raise ValueError(f"takes --shape N,V (or more leading sizes, e.g. B,T,V); got {shape}")
@@ -254,4 +262,5 @@ ENTROPY = OpSpec(
     grad_meta=_grad_meta,
     shape_call=_shape_call,
     shape_help="N,V",
+    nan_rule=_nan_rule,
 )

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlk._runtime import validate
+from rlk._runtime import kernel_checks, validate
 from rlk._runtime.contract import Out
 from rlk._runtime.operator import Operator
 from rlk._runtime.signature import Signature, options_param, plain
@@ -202,6 +202,11 @@ def _output_meta(rewards: Tensor, *_: Any, **__: Any) -> tuple[Out | None, ...]:
     return (Out(tuple(rewards.shape), torch.float32, rewards.device),)
 
 
+def _nan_rule(named: Mapping[str, Any], outputs: tuple[Any, ...]) -> tuple[Tensor | bool, ...]:
+    # eps = 0 divides a group without spread by its zero std
+    return (not kernel_checks.finite(named["rewards"]) or named["options"].eps == 0,)
+
+
 def _shape_call(shape: Any, dtype: torch.dtype) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if len(shape) != 1:
         raise ValueError(f"takes --shape N; got {shape}")
@@ -225,4 +230,5 @@ GROUP_ADVANTAGES = OpSpec(
     output_meta=_output_meta,
     shape_call=_shape_call,
     shape_help="N",
+    nan_rule=_nan_rule,
 )

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from rlk import config
-from rlk._runtime import head, shards, validate
+from rlk._runtime import head, kernel_checks, shards, validate
 from rlk._runtime.contract import BoundKernel, Out
 from rlk._runtime.operator import Grads, Operator
 from rlk._runtime.signature import Signature, group_param, plain, temperature_param
@@ -327,6 +327,16 @@ def _grad_meta(grad_logp: Tensor, grad_entropy: Tensor | None, hidden: Tensor, w
     )
 
 
+def _nan_rule(named: Mapping[str, Any], outputs: tuple[Any, ...]) -> tuple[Tensor | bool, ...]:
+    hidden, weight, bias, tokens = named["hidden"], named["weight"], named["bias"], named["tokens"]
+    if named["group"] is not None or not kernel_checks.finite(weight, bias):
+        return True, True, True
+    fine = kernel_checks.fine_rows(hidden, named["temperature"])
+    ignored = tokens == named["ignore_index"]
+    token_fine = ((tokens >= 0) & (tokens < weight.shape[0])) | ignored
+    return ~(fine & token_fine), ~fine, ~fine | ignored
+
+
 def _shape_call(shape: Any, dtype: torch.dtype) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if len(shape) != 3:
         raise ValueError(f"takes --shape N,H,V; got {shape}")
@@ -372,6 +382,7 @@ def _spec(name: str, with_entropy: bool, doc: str) -> OpSpec:
         grad_meta=_grad_meta,
         shape_call=_shape_call,
         shape_help="N,H,V",
+        nan_rule=_nan_rule,
     )
 
 

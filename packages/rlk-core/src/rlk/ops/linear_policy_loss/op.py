@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from rlk import config
-from rlk._runtime import head, shards, validate
+from rlk._runtime import head, kernel_checks, shards, validate
 from rlk._runtime.contract import BoundKernel, Out, attribute
 from rlk._runtime.operator import Grads, Operator
 from rlk._runtime.signature import (
@@ -409,4 +409,5 @@ LINEAR_POLICY_LOSS = OpSpec(
     output_meta=_output_meta,
     shape_call=_shape_call,
     shape_help="B,T,H,V",
+    nan_rule=kernel_checks.finite_inputs_rule,
 )

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlk._runtime import logits_args, validate
+from rlk._runtime import kernel_checks, logits_args, validate
 from rlk._runtime import temperature as temperatures
 from rlk._runtime.contract import BoundKernel, Out
 from rlk._runtime.operator import Grads, Operator, traced
@@ -409,6 +409,18 @@ GRAD_TOLERANCES = {
 }
 
 
+def _nan_rule(named: Mapping[str, Any], outputs: tuple[Any, ...]) -> tuple[Tensor | bool, ...]:
+    logits, tokens = named["logits"], named["tokens"]
+    fine_rows = kernel_checks.fine_rows(logits, named["temperature"])
+    fine, picked = kernel_checks.selected(fine_rows, named["rows"])
+    tok = tokens[picked]
+    ignored = tok == named["ignore_index"]
+    token_fine = ((tok >= 0) & (tok < logits.shape[-1])) | ignored
+    per_token = fine.unsqueeze(1) if tok.dim() == 2 else fine
+    any_ignored = ignored.any(dim=1) if tok.dim() == 2 else ignored
+    return ~(per_token & token_fine), ~fine, ~fine | any_ignored  # lse: unread when ignored
+
+
 def _shape_call(shape: Any, dtype: torch.dtype) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if len(shape) < 2:
         raise ValueError(f"takes --shape N,V (or more leading sizes, e.g. B,T,V); got {shape}")
@@ -438,6 +450,7 @@ def _spec(name: str, with_entropy: bool, doc: str) -> OpSpec:
         grad_meta=_grad_meta,
         shape_call=_shape_call,
         shape_help="N,V",
+        nan_rule=_nan_rule,
     )
 
 

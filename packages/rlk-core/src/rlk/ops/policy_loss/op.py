@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlk._runtime import validate
+from rlk._runtime import kernel_checks, validate
 from rlk._runtime.contract import BoundKernel, Out, attribute, check
 from rlk._runtime.operator import Grads, Operator
 from rlk._runtime.signature import Signature, options_param, plain
@@ -264,4 +264,5 @@ POLICY_LOSS = OpSpec(
     grad_meta=_grad_meta,
     shape_call=_shape_call,
     shape_help="B,T",
+    nan_rule=kernel_checks.finite_inputs_rule,
 )

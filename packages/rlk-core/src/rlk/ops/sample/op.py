@@ -10,8 +10,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from rlk._runtime import kernel_checks, validate
 from rlk._runtime import temperature as temperatures
-from rlk._runtime import validate
 from rlk._runtime.contract import Out
 from rlk._runtime.operator import Operator
 from rlk._runtime.signature import Signature, plain
@@ -238,6 +238,11 @@ def _output_meta(logits: Tensor, *_: Any, **__: Any) -> tuple[Out | None, ...]:
             Out(rows, torch.float32, logits.device))
 
 
+def _nan_rule(named: Mapping[str, Any], outputs: tuple[Any, ...]) -> tuple[Tensor | bool, ...]:
+    fine = kernel_checks.fine_rows(named["logits"], None)
+    return False, ~fine, ~fine
+
+
 def _shape_call(shape: Any, dtype: torch.dtype) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if len(shape) < 2:
         raise ValueError(f"takes --shape B,V; got {shape}")
@@ -263,4 +268,5 @@ SAMPLE = OpSpec(
     output_meta=_output_meta,
     shape_call=_shape_call,
     shape_help="B,V",
+    nan_rule=_nan_rule,
 )

@@ -5,10 +5,10 @@ it supports, which admits this version and no later minor one (0.x minors may br
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 from packaging.version import Version
 

@@ -12,18 +12,23 @@ wheels="$(cd "${1:-.whl/rlk}" && pwd)"
 repo="$PWD"
 OUT="${OUT:-$repo/bench-results}"
 mkdir -p "$OUT"
-PY="$(command -v "${PYTHON:-python3}")"  # resolved before PATH loses the compilers' folders
+PY="$(command -v "${PYTHON:-python3}")"
 site="$(mktemp -d)"
 step() { echo "=== $* ($(date +%T))"; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 
-# PATH without any directory that holds a CUDA or HIP compiler, and no toolkit variables.
-path=""
+# PATH without nvcc and hipcc: one folder linking every other program PATH finds, first wins
+# (dropping whole folders would drop /usr/bin, where Debian puts hipcc).
+tools="$(mktemp -d)"
 IFS=: read -ra dirs <<< "$PATH"
 for dir in "${dirs[@]}"; do
-  [[ -x "$dir/nvcc" || -x "$dir/hipcc" ]] || path="${path:+$path:}$dir"
+  for program in "$dir"/*; do
+    name="${program##*/}"
+    [[ -x "$program" && ! -d "$program" && ! -e "$tools/$name" && "$name" != nvcc \
+       && "$name" != hipcc ]] && ln -s "$program" "$tools/$name"
+  done
 done
-export PATH="$site/bin:$path" PYTHONPATH="$site" PYTHONUNBUFFERED=1 RLK_STRICT_PLUGINS=1
+export PATH="$site/bin:$tools" PYTHONPATH="$site" PYTHONUNBUFFERED=1 RLK_STRICT_PLUGINS=1
 unset CUDA_HOME CUDA_PATH CUDACXX HIPCXX
 if command -v nvcc || command -v hipcc; then echo "a compiler is still on PATH" >&2; exit 1; fi
 

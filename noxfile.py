@@ -201,7 +201,8 @@ def wheels(session: nox.Session) -> None:
     session.run("ccache", "--show-stats", env=cached)
     session.run("python", "tools/wheelhouse.py", DIST, "--repair", str(native / "raw"),
                 "--limit-mb", str(WHEEL_LIMIT_MB),
-                *[arg for python in found.values() for arg in ("--python", python)])
+                *[arg for (major, minor), python in found.items()
+                  for arg in ("--python", f"{major}.{minor}={python}")])
 
 
 def _install_wheels(session: nox.Session, extras: str) -> None:

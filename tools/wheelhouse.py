@@ -1,6 +1,6 @@
 """Finish and check the wheelhouse that `nox -s wheels` writes to dist/.
 
-    python tools/wheelhouse.py dist --repair RAW_DIR --limit-mb 50 --python python3.10 ...
+    python tools/wheelhouse.py dist --repair RAW_DIR --limit-mb 50 --python 3.10=python3.10 ...
 
 --repair: auditwheel repairs each native wheel of RAW_DIR into dist/ (it gives the wheel the
 manylinux tag its contents allow, and would copy in any library outside that policy). Then the
@@ -33,11 +33,11 @@ WHEEL = re.compile(r"(?P<name>\w+)-(?P<version>[^-]+)-(?P<python>[^-]+)-(?P<abi>
                    r"(?P<platform>[^-]+)\.whl")
 
 
-def python_version(python: str) -> tuple[int, int]:
-    out = subprocess.run([python, "-c", "import sys; print(*sys.version_info[:2])"],
-                         capture_output=True, text=True, check=True).stdout
-    major, minor = out.split()
-    return int(major), int(minor)
+def interpreter(spec: str) -> tuple[tuple[int, int], str]:
+    """`3.12=/usr/bin/python3.12` -> ((3, 12), '/usr/bin/python3.12')."""
+    version, _, path = spec.partition("=")
+    major, minor = version.split(".")
+    return (int(major), int(minor)), path
 
 
 def native_tags(versions: list[tuple[int, int]]) -> list[str]:
@@ -119,9 +119,8 @@ def check_inventory(dist: Path, limit_mb: float, versions: list[tuple[int, int]]
     return problems
 
 
-def check(dist: Path, limit_mb: float, pythons: list[str]) -> list[str]:
-    versions = {python: python_version(python) for python in pythons}
-    problems = check_inventory(dist, limit_mb, list(versions.values()))
+def check(dist: Path, limit_mb: float, pythons: dict[tuple[int, int], str]) -> list[str]:
+    problems = check_inventory(dist, limit_mb, list(pythons))
     for path in sorted(dist.glob("*.whl")):
         match = WHEEL.fullmatch(path.name)
         if match is None or match["name"] not in NATIVE:
@@ -129,7 +128,7 @@ def check(dist: Path, limit_mb: float, pythons: list[str]) -> list[str]:
         if disagreement := auditwheel_disagrees(path):
             problems.append(f"{path.name}: {disagreement}")
         tag = f"{match['python']}-{match['abi']}"
-        for python, version in versions.items():
+        for version, python in pythons.items():
             if admits(tag, version) and (error := load_error(path, match["name"], python)):
                 problems.append(f"{path.name}: the extension fails under {python}: {error}")
     return problems
@@ -141,12 +140,12 @@ def main() -> int:
     parser.add_argument("--repair", type=Path, metavar="RAW_DIR",
                         help="repair the native wheels of RAW_DIR into dist first")
     parser.add_argument("--limit-mb", type=float, required=True)
-    parser.add_argument("--python", action="append", default=[], dest="pythons",
-                        help="an interpreter the native wheels serve (repeat)")
+    parser.add_argument("--python", action="append", default=[], dest="pythons", type=interpreter,
+                        metavar="X.Y=PATH", help="an interpreter the native wheels serve (repeat)")
     args = parser.parse_args()
     for wheel in sorted(args.repair.glob("*.whl")) if args.repair else []:
         print(f"repaired: {repair(wheel, args.dist).name}")
-    problems = check(args.dist, args.limit_mb, args.pythons)
+    problems = check(args.dist, args.limit_mb, dict(args.pythons))
     for path in sorted(args.dist.iterdir()):
         print(f"{path.stat().st_size / 2**20:8.2f} MB  {path.name}")
     for problem in problems:

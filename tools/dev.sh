@@ -7,8 +7,8 @@ usage: bash tools/dev.sh COMMAND [ARGS...]
 
   main             the main job: the GRPO example on CPU (it must learn), then `rlk-core doctor`
   test             the test suite, as CI runs it first (pytest arguments may follow)
-  -s SESSION...    other nox sessions of noxfile.py, e.g. lint, docs, build-cuda, build-rocm,
-                   bench, vllm (nox arguments may follow)
+  -s SESSION...    other nox sessions of noxfile.py, e.g. lint, docs, wheels, build-cuda,
+                   build-rocm, bench, vllm (nox arguments may follow)
   -l, --list       list the nox sessions
   -h, --help       this help
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -125,15 +124,13 @@ def test_the_kernel_table_follows_the_op_table() -> None:
             assert target.partition(":")[0] == op.removesuffix("_entropy"), (op, target)
 
 
-def test_every_kernel_source_is_built_and_named_after_its_op() -> None:
-    """CMake lists the sources one by one: a new .cu file is in that list, and named after
-    the op it serves (rlk-rocm globs the same folder)."""
+def test_every_kernel_source_is_named_after_its_op() -> None:
+    """Each .cu file under csrc/ (CMake builds them all) is named after the op it serves,
+    or starts with that name."""
     from rlk.op_table import OP_NAMES
 
-    root = Path(__file__).resolve().parents[1]
-    listed = set(re.findall(r"csrc/(\w+\.cu)\b", (root / "CMakeLists.txt").read_text()))
-    sources = {path.name for path in (root / "csrc").glob("*.cu")}
-    assert listed == sources
+    sources = {path.name for path in (Path(__file__).resolve().parents[1] / "csrc").glob("*.cu")}
+    assert sources
     for name in sources:
         assert any(name == f"{op}.cu" or name.startswith(f"{op}_") for op in OP_NAMES), name
 

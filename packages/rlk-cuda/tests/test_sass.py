@@ -17,30 +17,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from cuda_tools import tool
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
 SOURCES = ("logp.cu", "linear_logp.cu", "logp_tma.cu", "sample.cu")
 FLAGS = ("-arch=sm_90a", "-O3", "-ftz=true", "--extended-lambda", "-DRLK_CUDA_TMA=1", "-cubin")
 
 
-def _tool(name: str) -> str | None:
-    """`name` on PATH, else from NVIDIA's wheels (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)."""
-    found = shutil.which(name)
-    if found:
-        return found
-    try:
-        import nvidia.cu13  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    for root in nvidia.cu13.__path__:
-        candidate = Path(root) / "bin" / name
-        if candidate.is_file():
-            return str(candidate)
-    return None
-
-
 # cuobjdump -sass runs nvdisasm, which it finds through NVDISASM_PATH or PATH
-NVCC, CUOBJDUMP, NVDISASM = shutil.which("nvcc"), _tool("cuobjdump"), _tool("nvdisasm")
+NVCC, CUOBJDUMP, NVDISASM = shutil.which("nvcc"), tool("cuobjdump"), tool("nvdisasm")
 pytestmark = pytest.mark.skipif(
     None in (NVCC, CUOBJDUMP, NVDISASM),
     reason="needs nvcc, cuobjdump and nvdisasm (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")

@@ -1,7 +1,7 @@
 """Test set-up: `gpu` tests need a ROCm device; build tests need an installed build.
 
-With RLK_ROCM_REQUIRE_BUILD=1 (set by ci-build.sh) a missing build fails instead of skipping,
-so CI cannot pass by testing a source tree.
+With RLK_ROCM_REQUIRE_BUILD=1 (set by the build-rocm session) a missing build fails instead of
+skipping, so CI cannot pass by testing a source tree.
 """
 
 from __future__ import annotations

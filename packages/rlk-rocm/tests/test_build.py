@@ -1,6 +1,6 @@
 """What the installed build must hold, checked on a machine without an AMD GPU.
 
-The extension loads here whenever the HIP runtime library is installed (ci-build.sh installs
+The extension loads here whenever the HIP runtime library is installed (debian-hip.sh installs
 it with hipcc); its code objects are read straight from the shared library's offload bundles.
 """
 

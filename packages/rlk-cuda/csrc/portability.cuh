@@ -67,7 +67,17 @@ __device__ __forceinline__ float shfl_up(float v, int delta) {
 #endif
 }
 
-__device__ __forceinline__ int shfl_idx(int v, int lane) {
+// The value `delta` lanes up (a lane past the warp's end keeps its own).
+__device__ __forceinline__ uint32_t shfl_down(uint32_t v, int delta) {
+#if RLK_HIP
+  return __shfl_down(v, delta);
+#else
+  return __shfl_down_sync(RLK_FULL_MASK, v, delta);
+#endif
+}
+
+template <typename T>
+__device__ __forceinline__ T shfl_idx(T v, int lane) {
 #if RLK_HIP
   return __shfl(v, lane);
 #else

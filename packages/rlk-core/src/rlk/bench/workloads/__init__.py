@@ -9,8 +9,8 @@ from __future__ import annotations
 from rlk.bench.workload import Workload
 from rlk.bench.workloads import linear, linear_loss, logp, losses, sampling
 
-ORDER = ("logp", "logp-bwd", "linear-logp", "linear-policy-loss", "sample", "logp-entropy",
-         "policy-loss", "group-advantages", "logp-native")
+ORDER = ("logp", "logp-bwd", "logp-unaligned", "linear-logp", "linear-policy-loss", "sample",
+         "logp-entropy", "policy-loss", "group-advantages", "logp-native")
 _ALL = {w.name: w for module in (logp, linear, linear_loss, losses, sampling)
         for w in module.WORKLOADS}
 WORKLOADS: dict[str, Workload] = {name: _ALL[name] for name in ORDER}

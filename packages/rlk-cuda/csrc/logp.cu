@@ -74,19 +74,17 @@ __global__ void RLK_LAUNCH_BOUNDS(THREADS, fwd_min_blocks(THREADS, U, ENT, ANY))
 
 // Large V: block (i, seg) reduces one fixed-size segment of row i into part[i][seg]; the merge
 // kernel combines the segments in order. Segment sizes depend on V only (batch invariance).
-template <typename T, int THREADS, bool ENT, bool ANY, int U = 4>
-__global__ void RLK_LAUNCH_BOUNDS(THREADS, fwd_min_blocks(THREADS, U, ENT, ANY))
+template <typename T, bool ENT, bool ANY>
+__global__ void RLK_LAUNCH_BOUNDS(kSplitThreads,
+                                  fwd_min_blocks(kSplitThreads, kSplitUnroll, ENT, ANY))
     logp_fwd_partial_kernel(LogpFwdArgs a) {
-  constexpr int W = VecWidth<T>::value;
   const int64_t i = blockIdx.x;
   const int seg = blockIdx.y, nseg = gridDim.y;
   const RowInfo ri = row_info(a, i);
   if (skip_row(a, ri)) return;
   const T* p = static_cast<const T*>(a.logits) + ri.row * a.row_stride;
-  const int64_t nv = a.V / W;
-  const int64_t step = static_cast<int64_t>(U) * THREADS;
-  const int64_t per = ((nv + nseg - 1) / nseg + step - 1) / step * step;
-  const RowAcc r = row_stats_range<T, THREADS, U, ENT, ANY>(
+  const int64_t per = split_segment_vectors(a.V / VecWidth<T>::value, nseg);
+  const RowAcc r = row_stats_range<T, kSplitThreads, kSplitUnroll, ENT, ANY>(
       p, a.V, ri.inv_t * kLog2e, seg * per, (seg + 1) * per, seg == nseg - 1);
   if (threadIdx.x == 0) {
     float* out = a.partial + (i * nseg + seg) * 3;
@@ -264,8 +262,8 @@ void launch_fwd(const LogpFwdArgs& a, rlkStream_t s) {
 template <typename T, bool ANY>
 void launch_fwd_split(const LogpFwdArgs& a, rlkStream_t s) {
   const dim3 grid(static_cast<unsigned>(a.R), static_cast<unsigned>(a.nseg));
-  if (a.entropy) logp_fwd_partial_kernel<T, 256, true, ANY><<<grid, 256, 0, s>>>(a);
-  else logp_fwd_partial_kernel<T, 256, false, ANY><<<grid, 256, 0, s>>>(a);
+  if (a.entropy) logp_fwd_partial_kernel<T, true, ANY><<<grid, kSplitThreads, 0, s>>>(a);
+  else logp_fwd_partial_kernel<T, false, ANY><<<grid, kSplitThreads, 0, s>>>(a);
 }
 
 template <typename T>
@@ -326,7 +324,8 @@ bool phases_agree(const LogpBwdArgs& a) {
   constexpr int64_t W = VecWidth<T>::value;
   const auto in = reinterpret_cast<uintptr_t>(a.logits), out = reinterpret_cast<uintptr_t>(a.grad);
   if (in % sizeof(T) != 0 || out % sizeof(O) != 0) return false;
-  const int64_t phase = static_cast<int64_t>(in / sizeof(T)) - static_cast<int64_t>(out / sizeof(O));
+  const int64_t phase =
+      static_cast<int64_t>(in / sizeof(T)) - static_cast<int64_t>(out / sizeof(O));
   return phase % W == 0 && (a.M <= 1 || (a.row_stride - a.grad_row_stride) % W == 0);
 }
 

@@ -191,6 +191,17 @@ __device__ __forceinline__ RowAcc row_stats_range(const T* p, int64_t V, float s
   return acc_block_reduce<ENT, THREADS>(a, sc);
 }
 
+// The split forward (rows of V >= 65536, logp.cu): block (row, seg) of kSplitThreads threads
+// reduces the row's vectors [seg * per, (seg + 1) * per), kSplitUnroll in flight per thread,
+// the last segment also the scalar tail. per depends on V only (batch invariance); the sampler
+// reads the same segments back (sample.cu).
+constexpr int kSplitThreads = 256, kSplitUnroll = 4;
+
+__host__ __device__ __forceinline__ int64_t split_segment_vectors(int64_t nv, int nseg) {
+  constexpr int64_t step = static_cast<int64_t>(kSplitUnroll) * kSplitThreads;
+  return ((nv + nseg - 1) / nseg + step - 1) / step * step;
+}
+
 template <typename T, int THREADS, int UNROLL, bool ENT, bool ANY>
 __device__ __forceinline__ RowAcc row_stats(const T* p, int64_t V, float sc) {
   return row_stats_range<T, THREADS, UNROLL, ENT, ANY>(p, V, sc, 0, V, true);

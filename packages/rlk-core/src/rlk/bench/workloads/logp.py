@@ -157,8 +157,18 @@ def torch_peers(entropy: bool) -> dict[str, Peer]:
     }
 
 
+def _quack(case: Case, backward: bool, device: torch.device) -> Call:
+    cross_entropy = peers.load("quack", "quack.cross_entropy", "cross_entropy", device)
+
+    def logp(logits: Tensor, tokens: Tensor) -> Tensor:
+        return -cross_entropy(logits, tokens, reduction="none")
+
+    return _wrap(logp, backward, entropy=False)
+
+
 LIGER = Peer("liger", _liger, mutates=("logits",),
              note="loss in the logits' dtype; the gradient overwrites the logits in the forward")
+QUACK = Peer("quack", _quack, note="cross_entropy, reduction='none'")
 
 
 def _hopper_only(device: torch.device) -> str | None:
@@ -175,7 +185,7 @@ def _logp_workload(name: str, modes: tuple[str, ...], cases: tuple[Case, ...],
                    backends: tuple[str, ...] | None = None, with_peers: tuple[str, ...] = (),
                    variants: tuple[Variant, ...] = (), smoke: tuple[Case, ...] = SMOKE,
                    doc: str = "") -> Workload:
-    available = {**torch_peers(False), "liger": LIGER}
+    available = {**torch_peers(False), "liger": LIGER, "quack": QUACK}
     return Workload(
         name=name, op="logp", modes=modes, cases=cases, smoke_cases=smoke,
         inputs=make_inputs, rlk_call=rlk_call(False), reference=reference_for(False),
@@ -192,16 +202,16 @@ LOGP_NATIVE = _logp_workload(
 SWEEP = (*(case(8192, v) for v in VOCABULARIES), case(8192, V152K, strided=True))
 LOGP = _logp_workload(
     "logp", (FORWARD,), (*SWEEP, case(32768, V152K)),
-    with_peers=("eager", "compile", "liger"), variants=(CUDA_TMA,),
+    with_peers=("eager", "compile", "liger", "quack"), variants=(CUDA_TMA,),
     smoke=(*SMOKE, case(48, 1000, strided=True)), doc="rlk.logp forward")
 LOGP_BWD = _logp_workload(
-    "logp-bwd", (FORWARD_BACKWARD,), SWEEP, with_peers=("eager", "compile", "liger"),
+    "logp-bwd", (FORWARD_BACKWARD,), SWEEP, with_peers=("eager", "compile", "liger", "quack"),
     doc="rlk.logp forward and backward with a per-token upstream gradient")
 UNALIGNED = (*(case(8192, v) for v in (32001, 50257, 65537, 200001)),
              case(8192, 151665, sliced_from=V152K), case(12345, 50257))
 LOGP_UNALIGNED = _logp_workload(
     "logp-unaligned", (FORWARD, FORWARD_BACKWARD), UNALIGNED,
-    with_peers=("eager", "compile", "liger"),
+    with_peers=("eager", "compile", "liger", "quack"),
     smoke=(case(48, 1001), case(48, 997, sliced_from=1000)),
     doc="rlk.logp forward and forward+backward on rows off 16-byte boundaries")
 LOGP_ENTROPY = Workload(

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU call for issue #29's kernels: install the rlk-cuda wheel built on the CPU machine
-# (scratch/whl, carried) and the peers (.whl, carried); FlashInfer's sampling JIT in the
+# (scratch/whl, carried; else build it here) and the peers (.whl, carried); FlashInfer's sampling JIT in the
 # background; every rlk-cuda GPU test (memcheck on the alignment tests beside them); then the
 # logp sweeps (aligned and unaligned rows, rlk:cuda only), the sample sweep beside FlashInfer
 # and the replayed wall times of tools/gpu/capture_times.py.
@@ -12,7 +12,12 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 
 say "install"
 install_peers_and_rlk
-"$PY" -m pip install -q --no-deps --force-reinstall scratch/whl/rlk_cuda-*.whl || exit 1
+if ls scratch/whl/rlk_cuda-*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-deps --force-reinstall scratch/whl/rlk_cuda-*.whl || exit 1
+else  # no wheel carried: build here (RLK_CUDA_ARCHITECTURES from common.sh)
+  CMAKE_BUILD_PARALLEL_LEVEL=16 "$PY" -m pip install --no-build-isolation --no-deps \
+    packages/rlk-cuda >/tmp/build.log 2>&1 || { tail -40 /tmp/build.log; exit 1; }
+fi
 (timeout 300 "$PY" -c "import flashinfer.sampling as s; s.get_sampling_module()" \
   >/tmp/jit.log 2>&1; echo "flashinfer sampling JIT exit $? at +$(( $(date +%s) - start ))s") &
 jit=$!

@@ -2,10 +2,10 @@
 # One GPU call for issue #29's kernels: install the rlk-cuda wheel built on the CPU machine
 # (scratch/whl, carried; else build it here) and the peers (.whl, carried); FlashInfer's sampling JIT in the
 # background; every rlk-cuda GPU test (memcheck on the alignment tests beside them); then the
-# logp sweeps (aligned and unaligned rows, rlk:cuda only), the sample sweep beside FlashInfer
-# and the replayed wall times of tools/gpu/capture_times.py.
+# logp sweeps (aligned and unaligned rows, rlk:cuda only), the sample sweep beside FlashInfer,
+# the replayed wall times of tools/gpu/capture_times.py and tools/gpu/capture_warmups.py.
 #   RLK_GPU_BUDGET=540 tools/gpu/kernels_run.sh   (results under $OUT)
-# Steps to skip: RLK_SKIP="tests sweep sample times" (any of them).
+# Steps to skip: RLK_SKIP="tests sweep sample times warmups" (any of them).
 . "$(dirname "$0")/common.sh"
 skip() { [[ " ${RLK_SKIP:-} " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
@@ -60,5 +60,9 @@ fi
 if ! skip times; then
   say "replayed wall times"
   timeout 120 "$PY" tools/gpu/capture_times.py 2>&1 | tee "$OUT/capture-times.md"
+fi
+if ! skip warmups; then
+  say "capture after each warm-up"
+  timeout 150 "$PY" tools/gpu/capture_warmups.py 2>&1 | tee "$OUT/capture-warmups.txt"
 fi
 say "done"

@@ -45,15 +45,15 @@ __device__ __forceinline__ bool finish_trivial(const LogpFwdArgs& a, int64_t i, 
   return true;
 }
 
-// Blocks per SM the forward kernels ask registers for (0: the compiler's choice): enough that
-// each SM keeps 80 KiB of 16-byte loads in flight (U per thread, 48 registers a thread; left
-// to themselves the compiler gives these kernels 56-58 and 4 blocks). With the entropy, the
-// compiler's choice where rows start on 16-byte boundaries (at 48 it spills the row pointer
-// inside the loop); at any alignment (ANY, row_vectors.cuh), which would take 80, 64 (64 KiB
-// in flight).
+// Blocks per SM the forward kernels ask registers for (0: the compiler's choice). Rows on
+// 16-byte boundaries: enough that each SM keeps 80 KiB of 16-byte loads in flight (U per
+// thread, 48 registers a thread; left to itself the compiler gives these kernels 56-58 and 4
+// blocks), and with the entropy the compiler's choice (at 48 it spills the row pointer
+// inside the loop). Rows at any alignment (ANY, row_vectors.cuh) load twice the registers:
+// 64 KiB in flight, 64 registers.
 constexpr int fwd_min_blocks(int threads, int unroll, bool ent, bool any) {
-  if (ent) return any ? 4096 / (threads * unroll) : 0;
-  return 5120 / (threads * unroll);
+  if (any) return 4096 / (threads * unroll);
+  return ent ? 0 : 5120 / (threads * unroll);
 }
 
 // Whole row in one block (V below the split), U vectors in flight per thread.
@@ -210,36 +210,19 @@ __global__ void RLK_LAUNCH_BOUNDS(THREADS, bwd_min_blocks(THREADS, ANY))
   };
   auto rows = [&](auto shift) {
     constexpr int Q = decltype(shift)::value;
-    if constexpr (Q == kAligned) {  // per thread, as in the kernels that never shift
-      int64_t j = v0 + tid;
-      for (; j + (U - 1) * THREADS < nv; j += U * THREADS) {
-        uint4 r[U];
-        if (mode == 2) load_vectors<U, THREADS, Q, false>(r, at, j, nv);
+    int64_t j = v0 + tid;
+    for (; j + (U - 1) * THREADS < nv; j += U * THREADS) {
+      uint4 r[U];
+      if (mode == 2) load_vectors<U, THREADS, Q, false>(r, at, j, nv);
 #pragma unroll
-        for (int u = 0; u < U; ++u) vec(r[u], j + u * THREADS);
-      }
-      for (; j < nv; j += THREADS) {
-        uint4 r[1];
-        if (mode == 2) load_vectors<1, THREADS, Q, false>(r, at, j, nv);
-        vec(r[0], j);
-      }
-    } else {  // the shifts' shuffles need every lane: the warp's trip counts
-      const int lane = tid % RLK_WARP_SIZE;
-      int64_t jw = v0 + tid - lane;
-      for (; jw + (RLK_WARP_SIZE - 1) + (U - 1) * THREADS < nv; jw += U * THREADS) {
-        uint4 r[U];
-        if (mode == 2) load_vectors<U, THREADS, Q, false>(r, at, jw + lane, nv);
+      for (int u = 0; u < U; ++u) vec(r[u], j + u * THREADS);
+    }
+    if (j < nv) {  // the segment's last vectors (fewer than U), their loads in flight together
+      uint4 r[U];
+      if (mode == 2) load_vectors<U, THREADS, Q, true>(r, at, j, nv);
 #pragma unroll
-        for (int u = 0; u < U; ++u) vec(r[u], jw + lane + u * THREADS);
-      }
-      for (; jw < nv; jw += U * THREADS) {  // the segment's last vectors, loads in flight at once
-        const int64_t j = jw + lane;
-        uint4 r[U];
-        if (mode == 2) load_vectors<U, THREADS, Q, true>(r, at, j, nv);
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-          if (j + u * THREADS < nv) vec(r[u], j + u * THREADS);
-      }
+      for (int u = 0; u < U; ++u)
+        if (j + u * THREADS < nv) vec(r[u], j + u * THREADS);
     }
   };
   if constexpr (ANY) with_shift(at.mis, rows);

@@ -126,19 +126,18 @@ __device__ __forceinline__ bool is_aligned16(const T* p) {
 }
 
 // The vector loop of row_stats_range for one word shift Q (row_vectors.cuh). Thread t takes
-// vectors t, t + THREADS, ... in chunks of UNROLL (one acc_chunk each) while every lane of its
-// warp has a whole chunk left, then one vector at a time: the order, and so every bit of the
-// result, depends on V and the launch shape only, not on where the row starts. The trip
-// counts are the warp's (the shifts' shuffles need every lane).
+// vectors t, t + THREADS, ... in chunks of UNROLL (one acc_chunk each), then the row's last
+// ones (fewer than UNROLL) one at a time, their loads in flight together: the order, and so
+// every bit of the result, depends on V and the launch shape only, not on where the row
+// starts.
 template <typename T, int THREADS, int UNROLL, bool ENT, int Q>
 __device__ __forceinline__ void row_stats_loop(RowAcc& a, const GridPos& at, float sc,
                                                int64_t v_begin, int64_t v_end) {
   constexpr int W = VecWidth<T>::value;
-  const int lane = threadIdx.x % RLK_WARP_SIZE;
-  int64_t jw = v_begin + threadIdx.x - lane;  // the warp's first vector
-  for (; jw + (RLK_WARP_SIZE - 1) + (UNROLL - 1) * THREADS < v_end; jw += UNROLL * THREADS) {
+  int64_t j = v_begin + threadIdx.x;
+  for (; j + (UNROLL - 1) * THREADS < v_end; j += UNROLL * THREADS) {
     uint4 r[UNROLL];
-    load_vectors<UNROLL, THREADS, Q, false>(r, at, jw + lane, v_end);
+    load_vectors<UNROLL, THREADS, Q, false>(r, at, j, v_end);
     float x[UNROLL * W];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
@@ -149,8 +148,7 @@ __device__ __forceinline__ void row_stats_loop(RowAcc& a, const GridPos& at, flo
     }
     acc_chunk<ENT>(a, x, sc);
   }
-  for (; jw < v_end; jw += UNROLL * THREADS) {  // the last vectors, all loads in flight at once
-    const int64_t j = jw + lane;
+  if (j < v_end) {
     uint4 r[UNROLL];
     load_vectors<UNROLL, THREADS, Q, true>(r, at, j, v_end);
 #pragma unroll

@@ -67,17 +67,7 @@ __device__ __forceinline__ float shfl_up(float v, int delta) {
 #endif
 }
 
-// The value `delta` lanes up (a lane past the warp's end keeps its own).
-__device__ __forceinline__ uint32_t shfl_down(uint32_t v, int delta) {
-#if RLK_HIP
-  return __shfl_down(v, delta);
-#else
-  return __shfl_down_sync(RLK_FULL_MASK, v, delta);
-#endif
-}
-
-template <typename T>
-__device__ __forceinline__ T shfl_idx(T v, int lane) {
+__device__ __forceinline__ int shfl_idx(int v, int lane) {
 #if RLK_HIP
   return __shfl(v, lane);
 #else
@@ -122,6 +112,25 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
 #if RLK_HIP
   const rlk_u32x4 v = __builtin_nontemporal_load(reinterpret_cast<const rlk_u32x4*>(p));
   return make_uint4(v.x, v.y, v.z, v.w);
+#else
+  return __ldcs(p);
+#endif
+}
+
+// 4- and 8-byte streaming loads, for the leading words of a vector (row_vectors.cuh).
+__device__ __forceinline__ uint32_t load_stream(const uint32_t* p) {
+#if RLK_HIP
+  return __builtin_nontemporal_load(p);
+#else
+  return __ldcs(p);
+#endif
+}
+
+__device__ __forceinline__ uint2 load_stream(const uint2* p) {
+#if RLK_HIP
+  typedef unsigned int rlk_u32x2 __attribute__((ext_vector_type(2)));
+  const rlk_u32x2 v = __builtin_nontemporal_load(reinterpret_cast<const rlk_u32x2*>(p));
+  return make_uint2(v.x, v.y);
 #else
   return __ldcs(p);
 #endif

@@ -1,14 +1,16 @@
-// 16-byte vectors of a row that may start at any byte: every vector is read with one 16-byte
-// load, whatever the row's alignment.
+// 16-byte vectors of a row that may start at any byte: every vector is read with 16-byte
+// loads, whatever the row's alignment.
 //
 // A row that starts `mis` bytes past a 16-byte boundary `base` has its vector j in the aligned
-// vectors base[j] and base[j + 1]. With consecutive vectors in consecutive lanes, base[j + 1]
-// is the next lane's load: a shuffle brings it over (only the last lane of a warp loads its
-// own), and a funnel shift cuts the vector out of the pair. The words the shift takes are
-// fixed by mis / 4, a template argument (Q), so the pair never becomes an array indexed at
-// run time (local memory); the bytes within a word are a run-time shift. The vectors come out
-// with the same bytes in the same order as aligned rows', so whatever a kernel computes from
-// them does not depend on where the row starts (batch invariance).
+// vectors base[j] and base[j + 1]: a thread loads both (the second is its neighbour's first,
+// so it comes from L1 or L2, not from memory again) and a funnel shift cuts the vector out of
+// the pair. The words the shift takes are fixed by mis / 4, a template argument (Q), so the
+// pair never becomes an array indexed at run time (local memory); the bytes within a word
+// are a run-time shift. The vectors come out with the same bytes in the same order as aligned
+// rows', so whatever a kernel computes from them does not depend on where the row starts
+// (batch invariance). A first version took base[j + 1] from the next lane by a shuffle (the
+// last lane's from lanes 0..3): its shuffles and selects cost more issue slots than a second
+// load, and bfloat16 rows read at 62-77% of the copy bandwidth (H200, 2026-12-04).
 #pragma once
 
 #include "common.cuh"
@@ -42,47 +44,43 @@ __device__ __forceinline__ uint4 cut_vector(const uint4& a, const uint4& b, uint
                     funnel_right(w[Q + 2], w[Q + 3], bits), funnel_right(w[Q + 3], w[Q + 4], bits));
 }
 
+// Words 0..Q of the aligned vector at p: all a cut of shift Q reads of a vector's second half.
+template <int Q>
+__device__ __forceinline__ uint4 load_head(const uint4* p) {
+  if constexpr (Q == 0) {
+    return make_uint4(load_stream(reinterpret_cast<const uint32_t*>(p)), 0u, 0u, 0u);
+  } else if constexpr (Q == 1) {
+    const uint2 h = load_stream(reinterpret_cast<const uint2*>(p));
+    return make_uint4(h.x, h.y, 0u, 0u);
+  } else {
+    return load_stream(p);
+  }
+}
+
 // Vectors j + u * STRIDE (u < U) of the row at `at`, all loads issued before the first use;
 // with CHECKED only those below `end` (the others are left unset), else every one of them is
-// (no predicates). Q is at.mis / 4 (kAligned when at.mis is 0). With Q >= 0 every lane of the
-// warp must call this together, j consecutive across lanes; the last lane's second halves
-// (the vectors past the warp's) are loaded by lanes 0..U-1, one each, so that they cost one
-// register vector, not U. Vector `end` must lie in the row's allocation (a 16-byte block that
-// holds a byte of the row does).
+// (no predicates). Q is at.mis / 4 (kAligned when at.mis is 0). Vector `end` must lie in the
+// row's allocation when Q >= 0 (a 16-byte block that holds a byte of the row does).
 template <int U, int STRIDE, int Q, bool CHECKED>
 __device__ __forceinline__ void load_vectors(uint4 (&r)[U], const GridPos& at, int64_t j,
                                              int64_t end) {
-  static_assert(U <= RLK_WARP_SIZE, "one lane per second half");
   if constexpr (Q == kAligned) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
       if (!CHECKED || j + u * STRIDE < end) r[u] = load_stream(at.base + j + u * STRIDE);
   } else {
-    const int lane = threadIdx.x % RLK_WARP_SIZE;
-    const uint32_t bits = (at.mis & 3u) * 8u;
+    uint4 second[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t k = j + u * STRIDE;
-      r[u] = !CHECKED || k <= end ? load_stream(at.base + k) : make_uint4(0u, 0u, 0u, 0u);
+      if (!CHECKED || k < end) {
+        r[u] = load_stream(at.base + k);
+        second[u] = load_head<Q>(at.base + k + 1);
+      }
     }
-    // lane u < U: the vector after slot u's last lane
-    const int64_t past = j - lane + lane * STRIDE + RLK_WARP_SIZE;
-    uint4 beyond = make_uint4(0u, 0u, 0u, 0u);
-    if (lane < U && (!CHECKED || past <= end)) beyond = load_stream(at.base + past);
-    const bool last = lane == RLK_WARP_SIZE - 1;
-    // word w of the following vector: both shuffles run in every lane (none may diverge)
-    auto follow = [&](uint32_t mine, uint32_t beyond_w, int u) {
-      const uint32_t down = shfl_down(mine, 1), far = shfl_idx(beyond_w, u);
-      return last ? far : down;
-    };
+    const uint32_t bits = (at.mis & 3u) * 8u;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const uint4 b = make_uint4(follow(r[u].x, beyond.x, u),
-                                 Q >= 1 ? follow(r[u].y, beyond.y, u) : 0u,
-                                 Q >= 2 ? follow(r[u].z, beyond.z, u) : 0u,
-                                 Q >= 3 ? follow(r[u].w, beyond.w, u) : 0u);
-      r[u] = cut_vector<Q>(r[u], b, bits);
-    }
+    for (int u = 0; u < U; ++u) r[u] = cut_vector<Q>(r[u], second[u], bits);
   }
 }
 

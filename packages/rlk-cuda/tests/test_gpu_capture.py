@@ -47,7 +47,8 @@ def _policy(seed: int) -> Inputs:
     return {"old_logp": old,
             "logp": old + torch.randn(B, T, generator=gen, device="cuda") * 0.1,
             "advantages": torch.randn(B, generator=gen, device="cuda"),
-            "mask": (torch.rand(B, T, generator=gen, device="cuda") > 0.2).float()}
+            "mask": (torch.rand(B, T, generator=gen, device="cuda") > 0.2).float(),
+            "g": torch.randn(B * T, generator=gen, device="cuda")}
 
 
 def _grads(outputs: Outputs, upstream: Outputs, leaves: Outputs) -> Outputs:

@@ -183,6 +183,18 @@ def _leaf_inputs(x: Inputs, leaves: tuple[str, ...]) -> Inputs:
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("backward", [False, True], ids=["fwd", "fwd+bwd"])
 def test_capture_replays_equal_eager_calls(name: str, backward: bool) -> None:
+    _capture_and_compare(name, backward)
+
+
+@pytest.mark.parametrize("name", ["linear_logp_entropy", "linear_logp -> policy_loss"])
+def test_linear_logp_in_vocabulary_chunks(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """A logits budget of 0.1 MiB makes the forward take 8 vocabulary chunks at these sizes:
+    its side stream and the events that hand each chunk's buffer back are captured too."""
+    monkeypatch.setenv("RLK_CUDA_CHUNK_MB", "0.1")
+    _capture_and_compare(name, True)
+
+
+def _capture_and_compare(name: str, backward: bool) -> None:
     fresh, leaves, call = CASES[name]
     if backward and not leaves:
         pytest.skip(f"{name} is not differentiable")

@@ -194,6 +194,29 @@ def test_linear_logp_in_vocabulary_chunks(monkeypatch: pytest.MonkeyPatch, name:
     _capture_and_compare(name, True)
 
 
+def _captured(run: Callable[[], Outputs]) -> tuple[torch.cuda.CUDAGraph, Outputs]:
+    """`run` warmed up on a side stream (torch's recipe), then captured: the graph and the
+    outputs its replays write."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = run()
+    return graph, outputs
+
+
+def _replay_on(graph: torch.cuda.CUDAGraph, static: Inputs, x: Inputs) -> None:
+    with torch.no_grad():
+        for key, value in x.items():
+            static[key].copy_(value)
+    graph.replay()
+    torch.cuda.synchronize()
+
+
 def _capture_and_compare(name: str, backward: bool) -> None:
     fresh, leaves, call = CASES[name]
     if backward and not leaves:
@@ -201,22 +224,36 @@ def _capture_and_compare(name: str, backward: bool) -> None:
     run = _step(call, leaves, backward)
     static = _leaf_inputs(fresh(0), leaves)
     with rlk.use_backends("cuda", strict=True):
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # torch's recipe: warm up on a side stream
-            for _ in range(2):
-                run(static)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            captured = run(static)
+        graph, captured = _captured(lambda: run(static))
         for seed in (11, 12, 13):
             x = fresh(seed)
-            with torch.no_grad():
-                for key, value in x.items():
-                    static[key].copy_(value)
-            graph.replay()
-            torch.cuda.synchronize()
+            _replay_on(graph, static, x)
             eager = run(_leaf_inputs(x, leaves))
             for index, (got, want) in enumerate(zip(captured, eager, strict=True)):
                 assert _equal(got, want.detach()), f"{name}: output {index}, inputs {seed}"
+
+
+def test_trainer_step_accumulates_into_grad() -> None:
+    """linear_logp -> policy_loss as a trainer runs it: loss.backward() into the leaves' .grad
+    (set to None before each step, so every replay writes fresh gradients), replayed on fresh
+    inputs and compared with an eager step."""
+    fresh, leaves, call = CASES["linear_logp -> policy_loss"]
+    static = _leaf_inputs(fresh(0), leaves)
+
+    def step(x: Inputs) -> Outputs:
+        for name in leaves:
+            x[name].grad = None
+        loss = call(x)[0]
+        loss.backward()
+        return (loss,)
+
+    with rlk.use_backends("cuda", strict=True):
+        graph, (loss,) = _captured(lambda: step(static))
+        for seed in (21, 22):
+            x = fresh(seed)
+            _replay_on(graph, static, x)
+            eager = _leaf_inputs(x, leaves)
+            (want,) = step(eager)
+            assert _equal(loss, want.detach())
+            for name in leaves:
+                assert _equal(static[name].grad, eager[name].grad), name

@@ -50,21 +50,20 @@ NB_MODULE(_C, m) {
         [](int device, uintptr_t stream, uintptr_t logits, int dtype, int64_t M, int64_t V,
            int64_t row_stride, uintptr_t tokens, uintptr_t rows, int64_t R, float temperature,
            uintptr_t temp_rows, int64_t ignore_index, uintptr_t logp, int64_t logp_stride,
-           uintptr_t entropy, uintptr_t lse, uintptr_t stats, int nseg, uintptr_t partial,
-           bool tma) {
+           uintptr_t entropy, uintptr_t lse, int nseg, uintptr_t partial, bool tma) {
           if (R > 0 && V > 0) require(logits, "logits");
           prepare(device);
           rlk::LogpFwdArgs a{ptr<const void>(logits), dtype, M, V, row_stride,
                              ptr<const int64_t>(tokens), ptr<const int64_t>(rows), R, temperature,
                              ptr<const float>(temp_rows), ignore_index, ptr<float>(logp),
-                             logp_stride, ptr<float>(entropy), ptr<double>(lse), ptr<float>(stats),
-                             nseg, ptr<float>(partial)};
+                             logp_stride, ptr<float>(entropy), ptr<double>(lse), nullptr, nseg,
+                             ptr<float>(partial)};
           void* s = reinterpret_cast<void*>(stream);
           check(tma ? rlk::logp_forward_tma(a, s) : rlk::logp_forward(a, s));
         },
         nb::kw_only(), "device"_a, "stream"_a, "logits"_a, "dtype"_a, "M"_a, "V"_a, "row_stride"_a,
         "tokens"_a, "rows"_a, "R"_a, "temperature"_a, "temp_rows"_a, "ignore_index"_a, "logp"_a,
-        "logp_stride"_a, "entropy"_a, "lse"_a, "stats"_a, "nseg"_a, "partial"_a, "tma"_a);
+        "logp_stride"_a, "entropy"_a, "lse"_a, "nseg"_a, "partial"_a, "tma"_a);
 
   m.def("logp_forward_segments", &rlk::logp_forward_segments,
         "Row segments the forward uses for vocabulary size V (scratch: R * segments * 3 floats)");

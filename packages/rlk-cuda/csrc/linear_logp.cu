@@ -10,14 +10,15 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <typename T, bool ENT>
+template <typename T, bool ENT, bool ANY>
 __global__ void __launch_bounds__(kThreads) cols_partial_kernel(LogpColsArgs a) {
   const int64_t i = blockIdx.x;
   const int64_t tok = a.tokens[i];
   if (tok == a.ignore_index) return;
   const float inv_t = 1.0f / (a.temp_rows ? a.temp_rows[i] : a.temperature);
   const T* p = static_cast<const T*>(a.logits) + i * a.row_stride;
-  const RowAcc r = row_stats_range<T, kThreads, 4, ENT>(p, a.C, inv_t * kLog2e, 0, a.C, true);
+  const RowAcc r =
+      row_stats_range<T, kThreads, 4, ENT, ANY>(p, a.C, inv_t * kLog2e, 0, a.C, true);
   if (threadIdx.x != 0) return;
   float* out = a.partial + (i * a.nchunks + a.chunk) * 3;
   out[0] = r.m;
@@ -82,8 +83,15 @@ void launch_soft_cap(const SoftCapArgs& a, rlkStream_t s) {
 
 template <typename T>
 void launch_partial(const LogpColsArgs& a, rlkStream_t s) {
-  if (a.entropy) cols_partial_kernel<T, true><<<static_cast<unsigned>(a.N), kThreads, 0, s>>>(a);
-  else cols_partial_kernel<T, false><<<static_cast<unsigned>(a.N), kThreads, 0, s>>>(a);
+  const unsigned grid = static_cast<unsigned>(a.N);
+  // the linear ops' chunks have padded rows (rlk_cuda.linear.padded): the aligned kernels
+  if (rows_aligned(a.logits, a.N, a.row_stride, sizeof(T))) {
+    if (a.entropy) cols_partial_kernel<T, true, false><<<grid, kThreads, 0, s>>>(a);
+    else cols_partial_kernel<T, false, false><<<grid, kThreads, 0, s>>>(a);
+  } else {
+    if (a.entropy) cols_partial_kernel<T, true, true><<<grid, kThreads, 0, s>>>(a);
+    else cols_partial_kernel<T, false, true><<<grid, kThreads, 0, s>>>(a);
+  }
 }
 
 const char* status() {

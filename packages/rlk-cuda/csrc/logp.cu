@@ -45,17 +45,20 @@ __device__ __forceinline__ bool finish_trivial(const LogpFwdArgs& a, int64_t i, 
   return true;
 }
 
-// Blocks per SM the whole-row forward asks registers for: enough threads that each SM keeps
-// 80 KiB of 16-byte loads in flight (U per thread), as the split kernel does with its 48
-// registers; left to itself the compiler gives the whole-row kernel 58 and 4 blocks. With
-// the entropy it keeps its own count (at 48 it spills the row pointer inside the loop).
-constexpr int fwd_min_blocks(int threads, int unroll, bool ent) {
-  return ent ? 1 : 5120 / (threads * unroll);
+// Blocks per SM the forward kernels ask registers for (0: the compiler's choice). Rows on
+// 16-byte boundaries: enough that each SM keeps 80 KiB of 16-byte loads in flight (U per
+// thread, 48 registers a thread; left to itself the compiler gives these kernels 56-58 and 4
+// blocks), and with the entropy the compiler's choice (at 48 it spills the row pointer
+// inside the loop). Rows at any alignment (ANY, row_vectors.cuh) load twice the registers:
+// 64 KiB in flight, 64 registers.
+constexpr int fwd_min_blocks(int threads, int unroll, bool ent, bool any) {
+  if (any) return 4096 / (threads * unroll);
+  return ent ? 0 : 5120 / (threads * unroll);
 }
 
 // Whole row in one block (V below the split), U vectors in flight per thread.
-template <typename T, int THREADS, bool ENT, int U = 4>
-__global__ void RLK_LAUNCH_BOUNDS(THREADS, fwd_min_blocks(THREADS, U, ENT))
+template <typename T, int THREADS, bool ENT, bool ANY, int U = 4>
+__global__ void RLK_LAUNCH_BOUNDS(THREADS, fwd_min_blocks(THREADS, U, ENT, ANY))
     logp_fwd_kernel(LogpFwdArgs a) {
   const int64_t i = blockIdx.x;
   const RowInfo ri = row_info(a, i);
@@ -65,25 +68,24 @@ __global__ void RLK_LAUNCH_BOUNDS(THREADS, fwd_min_blocks(THREADS, U, ENT))
   }
   const T* p = static_cast<const T*>(a.logits) + ri.row * a.row_stride;
   const float raw_tok = threadIdx.x == 0 ? token_logit(a, p, ri.tok) : 0.f;
-  const RowAcc r = row_stats<T, THREADS, U, ENT>(p, a.V, ri.inv_t * kLog2e);
+  const RowAcc r = row_stats<T, THREADS, U, ENT, ANY>(p, a.V, ri.inv_t * kLog2e);
   if (threadIdx.x == 0) finish_row(a, i, raw_tok, ri.tok, r, ri.inv_t);
 }
 
 // Large V: block (i, seg) reduces one fixed-size segment of row i into part[i][seg]; the merge
 // kernel combines the segments in order. Segment sizes depend on V only (batch invariance).
-template <typename T, int THREADS, bool ENT>
-__global__ void __launch_bounds__(THREADS) logp_fwd_partial_kernel(LogpFwdArgs a) {
-  constexpr int W = VecWidth<T>::value, U = 4;
+template <typename T, bool ENT, bool ANY>
+__global__ void RLK_LAUNCH_BOUNDS(kSplitThreads,
+                                  fwd_min_blocks(kSplitThreads, kSplitUnroll, ENT, ANY))
+    logp_fwd_partial_kernel(LogpFwdArgs a) {
   const int64_t i = blockIdx.x;
   const int seg = blockIdx.y, nseg = gridDim.y;
   const RowInfo ri = row_info(a, i);
   if (skip_row(a, ri)) return;
   const T* p = static_cast<const T*>(a.logits) + ri.row * a.row_stride;
-  const int64_t nv = a.V / W;
-  const int64_t step = static_cast<int64_t>(U) * THREADS;
-  const int64_t per = ((nv + nseg - 1) / nseg + step - 1) / step * step;
-  const RowAcc r = row_stats_range<T, THREADS, U, ENT>(p, a.V, ri.inv_t * kLog2e, seg * per,
-                                                      (seg + 1) * per, seg == nseg - 1);
+  const int64_t per = split_segment_vectors(a.V / VecWidth<T>::value, nseg);
+  const RowAcc r = row_stats_range<T, kSplitThreads, kSplitUnroll, ENT, ANY>(
+      p, a.V, ri.inv_t * kLog2e, seg * per, (seg + 1) * per, seg == nseg - 1);
   if (threadIdx.x == 0) {
     float* out = a.partial + (i * nseg + seg) * 3;
     out[0] = r.m;
@@ -108,6 +110,15 @@ __global__ void logp_fwd_merge_kernel(LogpFwdArgs a) {
   finish_row(a, i, raw_tok, ri.tok, r, ri.inv_t);
 }
 
+// Blocks per SM the backward asks registers for (0: the compiler's choice): its choice where
+// the logits' rows meet the gradient's on 16-byte boundaries, but 3 blocks of 512 threads
+// (40 registers, as before rows at any alignment were read); at any alignment (ANY), which
+// would take 64-80 registers, 64 (2 blocks of 512 threads, 4 of 256).
+constexpr int bwd_min_blocks(int threads, bool any) {
+  if (any) return 1024 / threads;
+  return threads >= 512 ? 3 : 0;
+}
+
 // Gradient of a row, written in one pass: (g*(onehot - p) - ge*p*(t + H)) / T with
 // t = x/T - lse, p = exp(t). Rows with no upstream gradient (or ignored) get zeros without
 // reading the logits; an out-of-range token gives NaN. Logits T, gradient O (T or narrower).
@@ -115,8 +126,9 @@ __global__ void logp_fwd_merge_kernel(LogpFwdArgs a) {
 // Precision where one token dominates and x/T is large: the float64 lse is split once per row
 // into a pivot near the row max and a small rest, so t = (x - pivot)/T - rest subtracts the
 // large parts exactly; at the token, 1 - p is -expm1(t), not 1 minus a rounded p.
-template <typename T, typename O, int THREADS, bool ENT>
-__global__ void __launch_bounds__(THREADS) logp_bwd_kernel(LogpBwdArgs a) {
+template <typename T, typename O, int THREADS, bool ENT, bool ANY>
+__global__ void RLK_LAUNCH_BOUNDS(THREADS, bwd_min_blocks(THREADS, ANY))
+    logp_bwd_kernel(LogpBwdArgs a) {
   constexpr int W = VecWidth<T>::value;
   const int64_t row = blockIdx.x;
   const int tid = threadIdx.x;
@@ -152,10 +164,12 @@ __global__ void __launch_bounds__(THREADS) logp_bwd_kernel(LogpBwdArgs a) {
     return grad_at(t, exp2f(t * kLog2e), j == ltok);
   };
   const int64_t V = a.V;
-  const int64_t h_in = head_elems(p, V);
   const int seg = blockIdx.y, nseg = gridDim.y;
-  if (reinterpret_cast<uintptr_t>(o + h_in) % (sizeof(O) * W) != 0) {
-    // input and output disagree on alignment: scalar path, one block
+  // The gradient's row is peeled to its vector boundary; the logits may then start anywhere
+  // (row_vectors.cuh), as in a slice of wider rows beside a fresh, dense gradient.
+  constexpr int kOutBytes = static_cast<int>(sizeof(O)) * W;
+  const uintptr_t omis = reinterpret_cast<uintptr_t>(o) % kOutBytes;
+  if (omis % sizeof(O) != 0) {  // a gradient off its element grid: scalar path, one block
     if (seg != 0) return;
     for (int64_t j = tid; j < V; j += THREADS) {
       const float x = mode == 2 ? to_float(p[j]) : 0.f;
@@ -163,9 +177,10 @@ __global__ void __launch_bounds__(THREADS) logp_bwd_kernel(LogpBwdArgs a) {
     }
     return;
   }
-  if (seg == 0 && tid < h_in)
+  const int64_t head = min(V, static_cast<int64_t>(omis == 0 ? 0 : (kOutBytes - omis) / sizeof(O)));
+  if (seg == 0 && tid < head)
     o[tid] = from_float<O>(grad_of(tid, mode == 2 ? to_float(p[tid]) : 0.f));
-  const int64_t nv_all = (V - h_in) / W;
+  const int64_t nv_all = (V - head) / W;
   // Segment `seg` of the row's vectors: rows split into fixed-size pieces (by V only) so the
   // grid has many short blocks and the last wave is short.
   constexpr int U = 4;
@@ -173,14 +188,14 @@ __global__ void __launch_bounds__(THREADS) logp_bwd_kernel(LogpBwdArgs a) {
   const int64_t per = ((nv_all + nseg - 1) / nseg + step - 1) / step * step;
   const int64_t v0 = seg * per;
   const int64_t nv = v0 + per < nv_all ? v0 + per : nv_all;
-  const uint4* v4 = reinterpret_cast<const uint4*>(p + h_in);
-  O* ov = o + h_in;
+  const GridPos at = grid_pos(p + head);
+  O* ov = o + head;
   // One 16-byte vector: the token test is one 32-bit compare per element.
   auto vec = [&](const uint4& r, int64_t j) {
     float x[W];
     if (mode == 2) {
       unpack<T>(r, x);
-      const int64_t dk = ltok - (h_in + j * W);
+      const int64_t dk = ltok - (head + j * W);
       const int kt = (dk >= 0 && dk < W) ? static_cast<int>(dk) : -1;
 #pragma unroll
       for (int k = 0; k < W; ++k) {
@@ -193,22 +208,26 @@ __global__ void __launch_bounds__(THREADS) logp_bwd_kernel(LogpBwdArgs a) {
     }
     store_grad<O, W>(ov + j * W, x);
   };
-  int64_t j = v0 + tid;
-  for (; j + (U - 1) * THREADS < nv; j += U * THREADS) {
-    uint4 r[U];
-    if (mode == 2) {
+  auto rows = [&](auto shift) {
+    constexpr int Q = decltype(shift)::value;
+    int64_t j = v0 + tid;
+    for (; j + (U - 1) * THREADS < nv; j += U * THREADS) {
+      uint4 r[U];
+      if (mode == 2) load_vectors<U, THREADS, Q, false>(r, at, j, nv);
 #pragma unroll
-      for (int u = 0; u < U; ++u) r[u] = load_stream(v4 + j + u * THREADS);
+      for (int u = 0; u < U; ++u) vec(r[u], j + u * THREADS);
     }
+    if (j < nv) {  // the segment's last vectors (fewer than U), their loads in flight together
+      uint4 r[U];
+      if (mode == 2) load_vectors<U, THREADS, Q, true>(r, at, j, nv);
 #pragma unroll
-    for (int u = 0; u < U; ++u) vec(r[u], j + u * THREADS);
-  }
-  for (; j < nv; j += THREADS) {
-    uint4 r;
-    if (mode == 2) r = load_stream(v4 + j);
-    vec(r, j);
-  }
-  const int64_t t = h_in + nv_all * W + tid;
+      for (int u = 0; u < U; ++u)
+        if (j + u * THREADS < nv) vec(r[u], j + u * THREADS);
+    }
+  };
+  if constexpr (ANY) with_shift(at.mis, rows);
+  else rows(Shift<kAligned>{});
+  const int64_t t = head + nv_all * W + tid;
   if (seg == nseg - 1 && t < V) o[t] = from_float<O>(grad_of(t, mode == 2 ? to_float(p[t]) : 0.f));
 }
 
@@ -217,16 +236,17 @@ const char* last_error() {
   return e == rlkSuccess ? nullptr : rlkGetErrorString(e);
 }
 
-template <typename T, int THREADS>
+template <typename T, int THREADS, bool ANY>
 void launch_fwd(const LogpFwdArgs& a, rlkStream_t s) {
-  if (a.entropy) logp_fwd_kernel<T, THREADS, true><<<a.R, THREADS, 0, s>>>(a);
-  else logp_fwd_kernel<T, THREADS, false><<<a.R, THREADS, 0, s>>>(a);
+  if (a.entropy) logp_fwd_kernel<T, THREADS, true, ANY><<<a.R, THREADS, 0, s>>>(a);
+  else logp_fwd_kernel<T, THREADS, false, ANY><<<a.R, THREADS, 0, s>>>(a);
 }
 
-template <typename T, bool ENT>
+template <typename T, bool ANY>
 void launch_fwd_split(const LogpFwdArgs& a, rlkStream_t s) {
   const dim3 grid(static_cast<unsigned>(a.R), static_cast<unsigned>(a.nseg));
-  logp_fwd_partial_kernel<T, 256, ENT><<<grid, 256, 0, s>>>(a);
+  if (a.entropy) logp_fwd_partial_kernel<T, true, ANY><<<grid, kSplitThreads, 0, s>>>(a);
+  else logp_fwd_partial_kernel<T, false, ANY><<<grid, kSplitThreads, 0, s>>>(a);
 }
 
 template <typename T>
@@ -242,13 +262,19 @@ void launch_merge(const LogpFwdArgs& a, rlkStream_t s) {
 // vectors per thread). With 512 threads (two rounds, then the block reduction and the token's
 // logit) rows of V = 32768 read at 59-62% of the copy bandwidth on the H200 (2026-12-03);
 // benchmarks/cuda/logp_shapes.cu times the alternatives.
+// Rows that do not all start on 16-byte boundaries take the kernels built for any alignment
+// (ANY); the others keep kernels without the shifts' code and registers.
+template <typename T, bool ANY>
+void launch_fwd_shaped(const LogpFwdArgs& a, rlkStream_t s) {
+  if (a.nseg > 1) launch_fwd_split<T, ANY>(a, s);
+  else if (a.V >= 16384) launch_fwd<T, 256, ANY>(a, s);
+  else launch_fwd<T, 128, ANY>(a, s);
+}
+
 template <typename T>
 void launch_fwd_sized(const LogpFwdArgs& a, rlkStream_t s) {
-  if (a.nseg > 1) {
-    if (a.entropy) launch_fwd_split<T, true>(a, s);
-    else launch_fwd_split<T, false>(a, s);
-  } else if (a.V >= 16384) launch_fwd<T, 256>(a, s);
-  else launch_fwd<T, 128>(a, s);
+  if (rows_aligned(a.logits, a.M, a.row_stride, sizeof(T))) launch_fwd_shaped<T, false>(a, s);
+  else launch_fwd_shaped<T, true>(a, s);
 }
 
 // Backward launch shapes, by V only (batch invariance). Large rows: one 512-thread block per
@@ -258,19 +284,38 @@ void launch_fwd_sized(const LogpFwdArgs& a, rlkStream_t s) {
 constexpr int64_t kBwdWholeRow = 65536;
 constexpr int64_t kBwdSegment = 16384;
 
-template <typename T, typename O, int THREADS>
+template <typename T, typename O, int THREADS, bool ANY>
 void launch_bwd(const LogpBwdArgs& a, unsigned nseg, rlkStream_t s) {
   const dim3 grid(static_cast<unsigned>(a.M), nseg);
-  if (a.g_ent) logp_bwd_kernel<T, O, THREADS, true><<<grid, THREADS, 0, s>>>(a);
-  else logp_bwd_kernel<T, O, THREADS, false><<<grid, THREADS, 0, s>>>(a);
+  if (a.g_ent) logp_bwd_kernel<T, O, THREADS, true, ANY><<<grid, THREADS, 0, s>>>(a);
+  else logp_bwd_kernel<T, O, THREADS, false, ANY><<<grid, THREADS, 0, s>>>(a);
+}
+
+template <typename T, typename O, bool ANY>
+void launch_bwd_shaped(const LogpBwdArgs& a, rlkStream_t s) {
+  if (a.V >= kBwdWholeRow) return launch_bwd<T, O, 512, ANY>(a, 1, s);
+  const unsigned nseg = static_cast<unsigned>((a.V + kBwdSegment - 1) / kBwdSegment);
+  if (a.V >= 2048) launch_bwd<T, O, 256, ANY>(a, nseg, s);
+  else launch_bwd<T, O, 128, ANY>(a, nseg, s);
+}
+
+// Whether every row's logits, once its gradient row is peeled to a vector boundary, start on
+// a 16-byte boundary too: the same element phase modulo W in both, and row strides that keep
+// it (then the kernels without the shifts serve).
+template <typename T, typename O>
+bool phases_agree(const LogpBwdArgs& a) {
+  constexpr int64_t W = VecWidth<T>::value;
+  const auto in = reinterpret_cast<uintptr_t>(a.logits), out = reinterpret_cast<uintptr_t>(a.grad);
+  if (in % sizeof(T) != 0 || out % sizeof(O) != 0) return false;
+  const int64_t phase =
+      static_cast<int64_t>(in / sizeof(T)) - static_cast<int64_t>(out / sizeof(O));
+  return phase % W == 0 && (a.M <= 1 || (a.row_stride - a.grad_row_stride) % W == 0);
 }
 
 template <typename T, typename O = T>
 void launch_bwd_sized(const LogpBwdArgs& a, rlkStream_t s) {
-  if (a.V >= kBwdWholeRow) return launch_bwd<T, O, 512>(a, 1, s);
-  const unsigned nseg = static_cast<unsigned>((a.V + kBwdSegment - 1) / kBwdSegment);
-  if (a.V >= 2048) launch_bwd<T, O, 256>(a, nseg, s);
-  else launch_bwd<T, O, 128>(a, nseg, s);
+  if (phases_agree<T, O>(a)) launch_bwd_shaped<T, O, false>(a, s);
+  else launch_bwd_shaped<T, O, true>(a, s);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cfloat>
 
 #include "common.cuh"
+#include "row_vectors.cuh"
 
 namespace rlk {
 
@@ -106,8 +107,8 @@ __device__ __forceinline__ RowAcc acc_block_reduce(RowAcc a, float sc) {
 }
 
 // W consecutive elements starting at logical vector j: one 16-byte load when the row is
-// aligned, W scalar loads otherwise. Either way the values and their order are the same, so
-// results never depend on where a row happens to start in memory (batch invariance).
+// aligned, W scalar loads otherwise (the bulk-copy forward's and the sampler's unaligned rows).
+// Either way the values and their order are the same.
 template <typename T, bool ALIGNED>
 __device__ __forceinline__ void load_vec(const T* p, int64_t j, float (&x)[VecWidth<T>::value]) {
   constexpr int W = VecWidth<T>::value;
@@ -124,57 +125,62 @@ __device__ __forceinline__ bool is_aligned16(const T* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }
 
-// The vector loop of row_stats_range for one alignment (chosen once per row, outside the loop,
-// so the aligned loop keeps UNROLL independent 16-byte loads in flight).
-template <typename T, int THREADS, int UNROLL, bool ENT, bool ALIGNED>
-__device__ __forceinline__ void row_stats_loop(RowAcc& a, const T* p, float sc, int64_t v_begin,
-                                               int64_t v_end) {
+// The vector loop of row_stats_range for one word shift Q (row_vectors.cuh). Thread t takes
+// vectors t, t + THREADS, ... in chunks of UNROLL (one acc_chunk each), then the row's last
+// ones (fewer than UNROLL) one at a time, their loads in flight together: the order, and so
+// every bit of the result, depends on V and the launch shape only, not on where the row
+// starts.
+template <typename T, int THREADS, int UNROLL, bool ENT, int Q>
+__device__ __forceinline__ void row_stats_loop(RowAcc& a, const GridPos& at, float sc,
+                                               int64_t v_begin, int64_t v_end) {
   constexpr int W = VecWidth<T>::value;
   int64_t j = v_begin + threadIdx.x;
   for (; j + (UNROLL - 1) * THREADS < v_end; j += UNROLL * THREADS) {
+    uint4 r[UNROLL];
+    load_vectors<UNROLL, THREADS, Q, false>(r, at, j, v_end);
     float x[UNROLL * W];
-    if (ALIGNED) {  // every load issued before the first use
-      uint4 r[UNROLL];
 #pragma unroll
-      for (int u = 0; u < UNROLL; ++u)
-        r[u] = load_stream(reinterpret_cast<const uint4*>(p) + j + u * THREADS);
+    for (int u = 0; u < UNROLL; ++u) {
+      float y[W];
+      unpack<T>(r[u], y);
 #pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        float y[W];
-        unpack<T>(r[u], y);
-#pragma unroll
-        for (int k = 0; k < W; ++k) x[u * W + k] = y[k];
-      }
-    } else {
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        float y[W];
-        load_vec<T, false>(p, j + u * THREADS, y);
-#pragma unroll
-        for (int k = 0; k < W; ++k) x[u * W + k] = y[k];
-      }
+      for (int k = 0; k < W; ++k) x[u * W + k] = y[k];
     }
     acc_chunk<ENT>(a, x, sc);
   }
-  for (; j < v_end; j += THREADS) {
-    float x[W];
-    load_vec<T, ALIGNED>(p, j, x);
-    acc_chunk<ENT>(a, x, sc);
+  if (j < v_end) {
+    uint4 r[UNROLL];
+    load_vectors<UNROLL, THREADS, Q, true>(r, at, j, v_end);
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      if (j + u * THREADS < v_end) {
+        float y[W];
+        unpack<T>(r[u], y);
+        acc_chunk<ENT>(a, y, sc);
+      }
+    }
   }
 }
 
 // Statistics of the logical vectors [v_begin, v_end) of a row of V elements starting at p
 // (unit stride), UNROLL vectors in flight per thread; the scalar tail (V % W elements) is
-// included when asked. The result is valid in thread 0.
-template <typename T, int THREADS, int UNROLL, bool ENT>
+// included when asked. ANY: the row may start at any byte, else on a 16-byte boundary (the
+// caller knows; rows_aligned). The result is valid in thread 0.
+template <typename T, int THREADS, int UNROLL, bool ENT, bool ANY>
 __device__ __forceinline__ RowAcc row_stats_range(const T* p, int64_t V, float sc,
                                                   int64_t v_begin, int64_t v_end, bool tail) {
   constexpr int W = VecWidth<T>::value;
   RowAcc a{-INFINITY, 0.f, 0.f};
   const int64_t nv = V / W;
   if (v_end > nv) v_end = nv;
-  if (is_aligned16(p)) row_stats_loop<T, THREADS, UNROLL, ENT, true>(a, p, sc, v_begin, v_end);
-  else row_stats_loop<T, THREADS, UNROLL, ENT, false>(a, p, sc, v_begin, v_end);
+  const GridPos at = grid_pos(p);
+  if constexpr (ANY) {
+    with_shift(at.mis, [&](auto shift) {
+      row_stats_loop<T, THREADS, UNROLL, ENT, decltype(shift)::value>(a, at, sc, v_begin, v_end);
+    });
+  } else {
+    row_stats_loop<T, THREADS, UNROLL, ENT, kAligned>(a, at, sc, v_begin, v_end);
+  }
   const int64_t t = nv * W + threadIdx.x;
   if (tail && t < V) {
     const float x[1] = {to_float(p[t])};
@@ -183,9 +189,20 @@ __device__ __forceinline__ RowAcc row_stats_range(const T* p, int64_t V, float s
   return acc_block_reduce<ENT, THREADS>(a, sc);
 }
 
-template <typename T, int THREADS, int UNROLL, bool ENT>
+// The split forward (rows of V >= 65536, logp.cu): block (row, seg) of kSplitThreads threads
+// reduces the row's vectors [seg * per, (seg + 1) * per), kSplitUnroll in flight per thread,
+// the last segment also the scalar tail. per depends on V only (batch invariance); the sampler
+// reads the same segments back (sample.cu).
+constexpr int kSplitThreads = 256, kSplitUnroll = 4;
+
+__host__ __device__ __forceinline__ int64_t split_segment_vectors(int64_t nv, int nseg) {
+  constexpr int64_t step = static_cast<int64_t>(kSplitUnroll) * kSplitThreads;
+  return ((nv + nseg - 1) / nseg + step - 1) / step * step;
+}
+
+template <typename T, int THREADS, int UNROLL, bool ENT, bool ANY>
 __device__ __forceinline__ RowAcc row_stats(const T* p, int64_t V, float sc) {
-  return row_stats_range<T, THREADS, UNROLL, ENT>(p, V, sc, 0, V, true);
+  return row_stats_range<T, THREADS, UNROLL, ENT, ANY>(p, V, sc, 0, V, true);
 }
 
 // log p(token) from the statistics; written with explicit roundings so that every kernel that

@@ -117,6 +117,25 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
 #endif
 }
 
+// 4- and 8-byte streaming loads, for the leading words of a vector (row_vectors.cuh).
+__device__ __forceinline__ uint32_t load_stream(const uint32_t* p) {
+#if RLK_HIP
+  return __builtin_nontemporal_load(p);
+#else
+  return __ldcs(p);
+#endif
+}
+
+__device__ __forceinline__ uint2 load_stream(const uint2* p) {
+#if RLK_HIP
+  typedef unsigned int rlk_u32x2 __attribute__((ext_vector_type(2)));
+  const rlk_u32x2 v = __builtin_nontemporal_load(reinterpret_cast<const rlk_u32x2*>(p));
+  return make_uint2(v.x, v.y);
+#else
+  return __ldcs(p);
+#endif
+}
+
 __device__ __forceinline__ void store_stream(uint4* p, uint4 v) {
 #if RLK_HIP
   const rlk_u32x4 w = {v.x, v.y, v.z, v.w};

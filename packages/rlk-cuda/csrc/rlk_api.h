@@ -24,7 +24,8 @@ struct LogpFwdArgs {
   float* entropy;         // [R] or nullptr (no entropy)
   double* lse;            // [R] or nullptr: float64, so the backward keeps 1 - p of a dominant
                           // token (float32 cannot hold lse to that precision when x / T is large)
-  float* stats;           // [2, R] (row max of raw logits, log of the shifted sum) or nullptr
+  float* stats;           // [2, R] (row max of raw logits, log of the shifted sum) or nullptr:
+                          // the sampler's statistics pass (sample.cu) reads them back
   int nseg;               // logp_forward_segments(V)
   float* partial;         // [R, nseg, 3] scratch when nseg > 1 (from torch, not allocated here)
 };

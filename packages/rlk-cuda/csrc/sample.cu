@@ -7,7 +7,8 @@
 // narrowing until tau is exact and then draw in one more pass. The draw is Gumbel-max with
 // Philox noise keyed by (seed, token index), so both routes pick the same token. With a
 // temperature and no filter the draw is an inverse CDF instead (plain_draw): one uniform per
-// row, so the row is read at memory speed rather than paying Philox for every token.
+// row, so the row is read at memory speed rather than paying Philox for every token; where the
+// statistics pass split the row, only the segment holding the draw is read (pick_segment).
 #include <cfloat>
 #include <climits>
 
@@ -204,8 +205,8 @@ __device__ Pick block_argmax(Pick a, Shared& sh) {
 // RLK_WARP_SIZE consecutive vectors into sh.cum; the scan of the groups finds the group
 // holding u * total, and one warp walks it. The total is the sum of the group sums, so a
 // zero mass never takes the draw (rounding inside the walk falls back to the group's last
-// positive mass). Rows of more than kCap groups (V > 262144 in float32 on CUDA) take the
-// Gumbel-max pass.
+// positive mass). Whole rows of more than kCap groups (V > 262144 in float32 on CUDA, which
+// only the bulk-copy forward's statistics leave unsplit) take the Gumbel-max pass.
 template <typename T>
 __device__ __forceinline__ int64_t plain_groups(int64_t V) {
   const int64_t nv = V / VecWidth<T>::value;
@@ -304,17 +305,18 @@ __device__ int walk_group(const T* p, int64_t V, int64_t g, double rest, float m
   return warp_reduce(lane == lane_at ? tok : INT_MAX, MinOp{});
 }
 
-// The plain draw of one row: its token (in thread 0) and the total mass.
+// The plain draw of the V elements at p at the uniform u: the token (in warp 0) and the total
+// mass.
 template <typename T, bool ALIGNED>
-__device__ Pick plain_draw(const T* p, int64_t V, float m, float inv_t, uint64_t seed,
-                           Shared& sh, float& total) {
+__device__ Pick plain_draw(const T* p, int64_t V, float m, float inv_t, double u, Shared& sh,
+                           float& total) {
   const int groups = static_cast<int>(plain_groups<T>(V));
   group_masses<T, ALIGNED>(p, V, m, inv_t, sh);
   __syncthreads();
   const int i0 = 2 * threadIdx.x, i1 = i0 + 1;
   scan_pairs(sh, i0 < groups ? sh.cum[i0] : 0.f, i1 < groups ? sh.cum[i1] : 0.f);
   total = sh.cum[groups - 1];
-  const double target = row_uniform(seed) * static_cast<double>(total);
+  const double target = u * static_cast<double>(total);
   int first = groups;  // the first group whose inclusive sum passes the target
   for (int i = threadIdx.x; i < groups; i += kThreads)
     if (target < static_cast<double>(sh.cum[i])) first = min(first, i);
@@ -325,6 +327,52 @@ __device__ Pick plain_draw(const T* p, int64_t V, float m, float inv_t, uint64_t
     pick.idx = walk_group<T, ALIGNED>(p, V, first, target - before, m, inv_t);
   }
   return pick;
+}
+
+// The plain draw after a split statistics pass (the generic forward, nseg > 1) reads one
+// segment instead of the row: the segment holding u * total is found from the pass's partial
+// statistics (per segment its largest logit and the sum of exp2((x - largest) * sc) less the
+// largest's own 1, logp_row.cuh's RowAcc), then the inverse CDF inside that segment is taken at
+// the remainder, rescaled to the segment's mass.
+// A segment whose mass is below 2^-100 of the row's largest logit's (the total is at least 1)
+// is never drawn, so the one drawn holds an element of normal float mass and its own sums are
+// positive; that moves the law by less than nseg * 2^-100.
+struct Segment {
+  int64_t begin, end;  // its elements
+  double u;            // the uniform of the draw inside it
+  float total;         // the row's mass relative to its largest logit
+};
+
+__device__ __forceinline__ double segment_mass(const float* part, float m, float sc) {
+  const float mass = (part[1] + 1.f) * exp2f((part[0] - m) * sc);  // 0 for an empty segment
+  return mass >= 0x1p-100f ? static_cast<double>(mass) : 0.0;
+}
+
+template <typename T>
+__device__ Segment pick_segment(const SampleArgs& a, int64_t b, float m, float inv_t, double u) {
+  const float* part = a.partial + b * a.nseg * 3;
+  const float sc = inv_t * kLog2e;
+  double total = 0.0;
+  for (int g = 0; g < a.nseg; ++g) total += segment_mass(part + 3 * g, m, sc);
+  const double target = u * total;
+  // the first segment whose cumulative mass passes the target, else (rounding) the last with mass
+  int seg = 0;
+  double before = 0.0, mass = 0.0, cum = 0.0;
+  for (int g = 0; g < a.nseg; ++g) {
+    const double here = segment_mass(part + 3 * g, m, sc);
+    if (here > 0.0) { seg = g; before = cum; mass = here; }
+    cum += here;
+    if (here > 0.0 && target < cum) break;
+  }
+  const int64_t nv = a.V / VecWidth<T>::value;
+  const int64_t per = split_segment_vectors(nv, a.nseg);
+  const bool last = seg == a.nseg - 1;
+  Segment s;
+  s.begin = min(seg * per, nv) * VecWidth<T>::value;
+  s.end = last ? a.V : min((seg + 1) * per, nv) * VecWidth<T>::value;
+  s.u = fmin(fmax((target - before) / mass, 0.0), 0x1.fffffffffffffp-1);
+  s.total = static_cast<float>(total);
+  return s;
 }
 
 template <typename T>
@@ -347,6 +395,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
   const bool use_p = !greedy && a.top_p < 1.f;
   const bool use_m = !greedy && a.min_p > 0.f;
   const float tau_m = use_m ? -logf(a.min_p) : INFINITY;
+  const bool plain = !greedy && k == 0 && !use_p && !use_m;
 
   float tau_k = INFINITY, tau_p = INFINITY;
   float z_given = -1.f;       // mass of the top-k set when known before the gather
@@ -467,9 +516,18 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
     }
     pick = block_argmax(pick, sh);
     z_f = sh.cum[n_f - 1];
-  } else if (!greedy && k == 0 && !use_p && !use_m && plain_groups<T>(V) <= kCap) {
-    pick = is_aligned16(p) ? plain_draw<T, true>(p, V, m, inv_t, seed, sh, z_f)
-                           : plain_draw<T, false>(p, V, m, inv_t, seed, sh, z_f);
+  } else if (plain && a.nseg > 1 && !a.tma) {
+    const Segment g = pick_segment<T>(a, b, m, inv_t, row_uniform(seed));
+    const T* q = p + g.begin;  // a whole number of vectors on: p's alignment holds
+    const int64_t n = g.end - g.begin;
+    float segment_total;
+    pick = is_aligned16(p) ? plain_draw<T, true>(q, n, m, inv_t, g.u, sh, segment_total)
+                           : plain_draw<T, false>(q, n, m, inv_t, g.u, sh, segment_total);
+    pick.idx += static_cast<int>(g.begin);
+    z_f = g.total;
+  } else if (plain && plain_groups<T>(V) <= kCap) {
+    pick = is_aligned16(p) ? plain_draw<T, true>(p, V, m, inv_t, row_uniform(seed), sh, z_f)
+                           : plain_draw<T, false>(p, V, m, inv_t, row_uniform(seed), sh, z_f);
   } else {
     const float tau = greedy ? 0.f : fminf(fminf(tau_k, tau_p), tau_m);
     float z = 0.f;

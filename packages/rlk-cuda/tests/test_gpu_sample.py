@@ -10,6 +10,7 @@ import torch
 from rlk.testing.poison import poisoned_allocations
 from tests_reference import truncated_log_probs
 
+from rlk_cuda import _ext, logp_path
 from rlk_cuda import logp as logp_kernels
 from rlk_cuda.sample import sample
 
@@ -186,34 +187,77 @@ def _row_uniform(seed: int) -> float:
     return ((bits[0] >> 11) * 2**32 + bits[1]) * 2.0**-53
 
 
-@pytest.mark.parametrize(("vocab", "dtype"), [
-    (37, torch.float32),  # one group of vectors and a scalar tail
-    (70001, torch.bfloat16),  # 274 groups of 32 vectors and a tail
-    (262144, torch.float32),  # 2048 groups: the most shared memory holds
-])
-def test_plain_sampling_is_the_inverse_cdf_at_the_rows_uniform(vocab: int,
-                                                               dtype: torch.dtype) -> None:
-    """With no filter a row's token is where u * total falls in its cumulative masses (index
-    order), u from its seed alone: the Gumbel-max pass it replaced drew Philox bits for every
-    token, which made this case compute-bound."""
-    logits = _logits(6, vocab, dtype, seed=21, scale=2.0)
-    seeds = torch.randint(-(2**62), 2**62, (6,), device="cuda")
-    tokens, logp, processed = sample(logits, 0.9, 0, 1.0, 0.0, seeds)
-    for row in range(6):
+def _use_forward(monkeypatch: pytest.MonkeyPatch, forward: str) -> None:
+    """Run the statistics pass on `forward` ('generic' or 'tma'; skip where tma cannot run)."""
+    if forward == "tma":
+        reason = logp_path.tma_unavailable(bool(_ext.load().TMA_BUILT),
+                                           torch.cuda.get_device_capability())
+        if reason is not None:
+            pytest.skip(reason)
+    monkeypatch.setenv(logp_path.ENV, forward)
+
+
+def _assert_inverse_cdf(logits: torch.Tensor, seeds: torch.Tensor, temperature: float,
+                        tokens: torch.Tensor) -> None:
+    """Each row's token is where u * total falls in its cumulative masses (index order)."""
+    for row in range(logits.shape[0]):
         x = logits[row].double()
-        cumulative = ((x - x.max()) / 0.9).exp().cumsum(0)
+        cumulative = ((x - x.max()) / temperature).exp().cumsum(0)
         total = float(cumulative[-1])
         target = _row_uniform(int(seeds[row])) * total
         tok = int(tokens[row])
         below = float(cumulative[tok - 1]) if tok > 0 else 0.0
         slack = 1e-5 * total  # the kernel's float32 sums
         assert below - slack <= target <= float(cumulative[tok]) + slack, (row, tok)
+
+
+@pytest.mark.parametrize("forward", ["generic", "tma"])
+@pytest.mark.parametrize(("vocab", "dtype"), [
+    (37, torch.float32),  # one group of vectors and a scalar tail
+    (65535, torch.float32),  # the longest row the generic statistics leave whole: 512 groups
+    (70001, torch.bfloat16),  # generic: 3 segments (the last with the tail); tma: whole, 274 groups
+    (262144, torch.float32),  # generic: 8 segments; tma: 2048 groups, the most shared memory holds
+    (262148, torch.float32),  # generic: 9 segments, the last holding the tail alone
+])
+def test_plain_sampling_is_the_inverse_cdf_at_the_rows_uniform(
+        monkeypatch: pytest.MonkeyPatch, forward: str, vocab: int, dtype: torch.dtype) -> None:
+    """With no filter a row's token is where u * total falls in its cumulative masses (index
+    order), u from its seed alone, whether the draw reads the whole row or, after a split
+    statistics pass, the segment holding the draw (its remainder rescaled)."""
+    if forward == "tma" and vocab == 262148:
+        pytest.skip("past the groups shared memory holds: Gumbel-max (the next test)")
+    _use_forward(monkeypatch, forward)
+    logits = _logits(6, vocab, dtype, seed=21, scale=2.0)
+    seeds = torch.randint(-(2**62), 2**62, (6,), device="cuda")
+    tokens, logp, processed = sample(logits, 0.9, 0, 1.0, 0.0, seeds)
+    _assert_inverse_cdf(logits, seeds, 0.9, tokens)
     torch.testing.assert_close(processed, logp, rtol=0, atol=1e-5)  # no filter: the same law
 
 
-def test_plain_sampling_beyond_the_groups_shared_memory_holds() -> None:
-    """V = 262148 in float32 is one group past the inverse CDF's 2048: Gumbel-max draws, from
-    the support, with the same logp."""
+def test_segments_without_mass_are_never_drawn() -> None:
+    """The segment pick reads the split statistics pass's partials: a segment of -inf logits,
+    or one whose mass is below 2^-100 of the largest logit's (though each of its masses is a
+    normal float), is never drawn, whatever the seed; where the mass lies in the last
+    segment's last elements the draw still lands on them."""
+    vocab = 100000  # float32: 4 segments of 7168 vectors, [0, 28672), ... [86016, 100000)
+    logits = torch.full((64, vocab), -math.inf, device="cuda")
+    live = torch.randn(64, vocab - 98300, device="cuda").clamp(max=3.9)
+    live[:, 7] = 4.0  # every row's largest logit
+    logits[:, 98300:] = live
+    logits[:, 28672:57344] = 4.0 - 82.0  # e^-82 each: 2^-103.5 of the largest per segment
+    seeds = torch.randint(-(2**62), 2**62, (64,), device="cuda")
+    tokens, logp, _ = sample(logits, 1.0, 0, 1.0, 0.0, seeds)
+    assert (tokens >= 98300).all() and (tokens < vocab).all()
+    _assert_inverse_cdf(logits, seeds, 1.0, tokens)
+    same, _, _ = logp_kernels.forward(logits, tokens, 1.0, -100, None, None, False)
+    assert torch.equal(logp, same)
+
+
+def test_plain_sampling_beyond_the_groups_shared_memory_holds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole row of V = 262148 in float32 (the bulk-copy statistics do not split it) is one
+    group past the inverse CDF's 2048: Gumbel-max draws, from the support, with the same logp."""
+    _use_forward(monkeypatch, "tma")
     logits = _logits(4, 262148, torch.float32, seed=5)
     seeds = torch.randint(0, 2**62, (4,), device="cuda")
     tokens, lp, plp = sample(logits, 1.0, 0, 1.0, 0.0, seeds)

@@ -16,11 +16,12 @@ import torch
 
 from rlk.bench.workload import Blocked
 
-PEERS = ("eager", "compile", "unfused", "liger", "cce", "flashinfer", "cublas")
+PEERS = ("eager", "compile", "unfused", "liger", "cce", "flashinfer", "quack", "cublas")
 DISTRIBUTIONS = {
     "liger": "liger-kernel",
     "cce": "cut-cross-entropy",
     "flashinfer": "flashinfer-python",
+    "quack": "quack-kernels",
 }
 DESCRIPTIONS = {
     "eager": "PyTorch eager, the way RL trainers write it (upcast, log_softmax, gather)",
@@ -29,6 +30,9 @@ DESCRIPTIONS = {
     "liger": "Liger-Kernel (cross entropy, fused linear cross entropy; reduction='none')",
     "cce": "Cut Cross-Entropy linear_cross_entropy (reduction='none', default filter_eps)",
     "flashinfer": "FlashInfer top_k_top_p_sampling_from_logits (tokens only)",
+    "quack": "QuACK (CuTe DSL; tested with nvidia-cutlass-dsl 4.7.0): cross_entropy "
+             "(reduction='none'); linear_logp's forward as one GEMM with its LSE and "
+             "target-logit epilogue (lse_target_epi)",
     "cublas": "the floor of the LM-head ops: their GEMMs alone through torch.mm (cuBLAS)",
 }
 

@@ -17,8 +17,8 @@ from rlk.bench.workloads import (
     trl_grpo,
 )
 
-ORDER = ("logp", "logp-bwd", "linear-logp", "linear-policy-loss", "sample", "logp-entropy",
-         "policy-loss", "group-advantages", "logp-native", "trl-grpo")
+ORDER = ("logp", "logp-bwd", "logp-unaligned", "linear-logp", "linear-policy-loss", "sample",
+         "logp-entropy", "policy-loss", "group-advantages", "logp-native", "trl-grpo")
 # one module per op, named after it, and whole trainer steps (tests/test_op_table.py checks
 # both against the op table)
 MODULES = (logp, linear_logp, linear_policy_loss, sample, policy_loss, group_advantages)

@@ -17,6 +17,7 @@ from rlk.bench import checks, floors, peers
 from rlk.bench.workload import (
     FORWARD,
     FORWARD_BACKWARD,
+    Blocked,
     Call,
     Case,
     Cost,
@@ -118,6 +119,22 @@ def _package_peer(peer: str, module: str, attr: str) -> Callable[[Case, bool, to
     return build
 
 
+def _quack(case: Case, backward: bool, device: torch.device) -> Call:
+    """QuACK's LM-head GEMM with the LSE and target-logit epilogue (the logits are never
+    stored): logp = target logit - lse. Forward only: its fused linear cross entropy with a
+    backward returns a mean or sum, not a loss per token for an upstream gradient."""
+    if backward:
+        raise Blocked("QuACK's fused linear cross entropy reduces the loss to a mean or sum: "
+                      "no per-token upstream gradient (RL's case)")
+    lse_target = peers.load("quack", "quack.epilogue.library", "lse_target_epi", device)
+
+    def call(x: Inputs) -> Outputs:
+        found = lse_target(x["hidden"], x["weight"].mT, store_d=False, target=x["tokens"])
+        return {"logp": found["target_logit"] - found["lse"]}
+
+    return call
+
+
 PEERS = {
     "eager": Peer("eager", lambda c, b, d: _wrap(eager, b)),
     "compile": Peer("compile", lambda c, b, d: _wrap(peers.compiled(eager), b)),
@@ -126,6 +143,7 @@ PEERS = {
                   note="reduction='none' recomputes the gradients in the backward"),
     "cce": Peer("cce", _package_peer("cce", "cut_cross_entropy", "linear_cross_entropy"),
                 note="default filter_eps: small gradient entries are skipped"),
+    "quack": Peer("quack", _quack, note="one GEMM with an LSE and target-logit epilogue"),
     "cublas": floors.gemm_floor(lambda case: 2),  # the backward recomputes the logits
 }
 

@@ -1,10 +1,13 @@
-"""Workloads over logits: `logp-native`, `logp`, `logp-bwd`, `logp-entropy`.
+"""Workloads over logits: `logp-native`, `logp`, `logp-bwd`, `logp-unaligned`, `logp-entropy`.
 
 Logits are random with a standard deviation of 2 (about what language models emit)
 and tokens uniform over the vocabulary; temperature 1, so peers without a
 temperature argument compute the same thing. The cases sweep the vocabularies of the
 model families RL runs use (32k, 128k, 152k, 256k) in every dtype of the run, plus rows
 that are strided: a slice of a wider buffer, as logits[:, :V] of a padded LM head gives.
+`logp-unaligned` takes vocabularies whose rows do not start on 16-byte boundaries (GPT-2's
+50257, an embedding resized by one token, 32001) and a slice that leaves the row's tail off
+the boundary (151665 of Qwen's padded 151936).
 """
 
 from __future__ import annotations
@@ -39,9 +42,13 @@ VOCABULARIES = (V32K, V128K, V152K, V256K)
 ROW_PADDING = 128  # strided cases: rows of V logits inside rows of V + 128
 
 
-def case(n: int, v: int, strided: bool = False) -> Case:
+def case(n: int, v: int, strided: bool = False, sliced_from: int | None = None) -> Case:
+    """N rows of V logits: contiguous, `strided` (rows V + 128 apart) or the first V columns
+    of rows `sliced_from` wide."""
     if strided:
         return Case(f"N={n} V={v} strided", {"N": n, "V": v, "row_stride": v + ROW_PADDING})
+    if sliced_from is not None:
+        return Case(f"N={n} V={v} of {sliced_from}", {"N": n, "V": v, "row_stride": sliced_from})
     return Case(f"N={n} V={v}", {"N": n, "V": v})
 
 
@@ -150,8 +157,18 @@ def torch_peers(entropy: bool) -> dict[str, Peer]:
     }
 
 
+def _quack(case: Case, backward: bool, device: torch.device) -> Call:
+    cross_entropy = peers.load("quack", "quack.cross_entropy", "cross_entropy", device)
+
+    def logp(logits: Tensor, tokens: Tensor) -> Tensor:
+        return -cross_entropy(logits, tokens, reduction="none")
+
+    return _wrap(logp, backward, entropy=False)
+
+
 LIGER = Peer("liger", _liger, mutates=("logits",),
              note="loss in the logits' dtype; the gradient overwrites the logits in the forward")
+QUACK = Peer("quack", _quack, note="cross_entropy, reduction='none'")
 
 
 def _hopper_only(device: torch.device) -> str | None:
@@ -168,7 +185,7 @@ def _logp_workload(name: str, modes: tuple[str, ...], cases: tuple[Case, ...],
                    backends: tuple[str, ...] | None = None, with_peers: tuple[str, ...] = (),
                    variants: tuple[Variant, ...] = (), smoke: tuple[Case, ...] = SMOKE,
                    doc: str = "") -> Workload:
-    available = {**torch_peers(False), "liger": LIGER}
+    available = {**torch_peers(False), "liger": LIGER, "quack": QUACK}
     return Workload(
         name=name, op="logp", modes=modes, cases=cases, smoke_cases=smoke,
         inputs=make_inputs, rlk_call=rlk_call(False), reference=reference_for(False),
@@ -185,15 +202,22 @@ LOGP_NATIVE = _logp_workload(
 SWEEP = (*(case(8192, v) for v in VOCABULARIES), case(8192, V152K, strided=True))
 LOGP = _logp_workload(
     "logp", (FORWARD,), (*SWEEP, case(32768, V152K)),
-    with_peers=("eager", "compile", "liger"), variants=(CUDA_TMA,),
+    with_peers=("eager", "compile", "liger", "quack"), variants=(CUDA_TMA,),
     smoke=(*SMOKE, case(48, 1000, strided=True)), doc="rlk.logp forward")
 LOGP_BWD = _logp_workload(
-    "logp-bwd", (FORWARD_BACKWARD,), SWEEP, with_peers=("eager", "compile", "liger"),
+    "logp-bwd", (FORWARD_BACKWARD,), SWEEP, with_peers=("eager", "compile", "liger", "quack"),
     doc="rlk.logp forward and backward with a per-token upstream gradient")
+UNALIGNED = (*(case(8192, v) for v in (32001, 50257, 65537, 200001)),
+             case(8192, 151665, sliced_from=V152K), case(12345, 50257))
+LOGP_UNALIGNED = _logp_workload(
+    "logp-unaligned", (FORWARD, FORWARD_BACKWARD), UNALIGNED,
+    with_peers=("eager", "compile", "liger", "quack"),
+    smoke=(case(48, 1001), case(48, 997, sliced_from=1000)),
+    doc="rlk.logp forward and forward+backward on rows off 16-byte boundaries")
 LOGP_ENTROPY = Workload(
     name="logp-entropy", op="logp_entropy", modes=(FORWARD, FORWARD_BACKWARD),
     cases=(case(8192, V152K), case(8192, V256K)), smoke_cases=SMOKE, inputs=make_inputs,
     rlk_call=rlk_call(True), reference=reference_for(True), compare=compare,
     cost=lambda c, d, b: cost(c, d, b, entropy=True), peers=torch_peers(True),
     doc="rlk.logp_entropy, forward and forward+backward (upstream gradients on both outputs)")
-WORKLOADS = (LOGP_NATIVE, LOGP, LOGP_BWD, LOGP_ENTROPY)
+WORKLOADS = (LOGP_NATIVE, LOGP, LOGP_BWD, LOGP_UNALIGNED, LOGP_ENTROPY)

@@ -140,6 +140,20 @@ def test_a_bad_row_never_stops_the_run(tmp_path: Path, monkeypatch: pytest.Monke
     assert load(tmp_path)["counts"] == {"pass": 2, "blocked": 1, "oom": 1, "failure": 1}
 
 
+def test_a_workload_that_cannot_make_its_inputs_here_is_blocked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A missing framework (trl-grpo without TRL) blocks every row with the reason: no failure."""
+    from dataclasses import replace
+
+    def no_framework(*args, **kwargs):
+        raise Blocked("TRL is not installed")
+
+    workload = replace(_with_peers(eager=logp_workloads.LOGP.peers["eager"]), inputs=no_framework)
+    rows = _run(tmp_path, monkeypatch, workload, backends=["native"])
+    assert {r.impl for r in rows} == {"rlk:native", "eager"}
+    assert all(r.status == "blocked" and r.reason == "TRL is not installed" for r in rows)
+
+
 def test_errors_are_measured_against_float64(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     def shifted(offset: float):

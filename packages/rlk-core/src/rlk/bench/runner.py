@@ -167,6 +167,8 @@ class Runner:
         except TimeoutError:
             failed = (BLOCKED, f"not run: the --time-limit of {self.options.time_limit:g} s "
                                "was spent")
+        except Blocked as exc:  # the workload itself cannot run here (a framework is missing)
+            failed = (BLOCKED, str(exc))
         except Exception as exc:
             failed = (OOM if _is_oom(exc) else FAILURE, "making the inputs: " + _describe(exc))
         expected, checked = (None, "") if failed else self._reference(group, buffers[0], backward)

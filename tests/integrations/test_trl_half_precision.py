@@ -89,4 +89,20 @@ def test_entropy_from_logits_in_half_precision(dtype: torch.dtype, shape: tuple[
     # rlk: float32 rounded once to the half dtype (half a step of the entropy, ~6.5)
     assert bool((rlk_error <= torch.finfo(dtype).eps * exact.abs()).all())
     assert bool((rlk_error <= trl_error + F32 * exact.abs()).all())
-    assert float(rlk_error.max()) < float(trl_error.max())
+    # one row can round to the same half value both ways: equal is allowed here, and the
+    # "several times closer" claim is pinned over many rows below
+    assert float(rlk_error.max()) <= float(trl_error.max())
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_entropy_from_logits_is_several_times_closer_to_float64(dtype: torch.dtype,
+                                                                seed: int) -> None:
+    """Over 512 rows rlk's mean error is about a quarter of TRL's; at most half is pinned."""
+    logits = torch.randn(512, 768, generator=generator(seed)).to(dtype)
+    logps = logits.double().log_softmax(-1)
+    exact = -(logps.exp() * logps).sum(-1)
+    rlk_error, trl_error = ((value.double() - exact).abs().mean() for value in
+                            (rlk_trl.entropy_from_logits(logits, chunk_size=16),
+                             TRL_ENTROPY(logits, chunk_size=16)))
+    assert float(rlk_error) <= 0.5 * float(trl_error)

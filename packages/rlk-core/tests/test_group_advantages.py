@@ -212,6 +212,17 @@ def test_batch_std_nan_reward_makes_the_whole_batch_nan(singleton, size):
            reference.group_advantages(rewards, ids, options=ignored))
 
 
+@pytest.mark.parametrize("mask", [False, True])
+def test_meta_rewards_with_group_ids_give_the_output_shape(mask):
+    """Issue #31: torch.unique raised torch's raw NotImplementedError on meta ids."""
+    rewards = torch.empty(6, device="meta")
+    ids = torch.empty(6, dtype=torch.int32, device="meta")
+    extra = {"mask": torch.empty(6, 5, device="meta")} if mask else {}
+    got = rlk.group_advantages(rewards, group_ids=ids, **extra)
+    assert got.is_meta and got.dtype == torch.float32
+    assert got.shape == ((6, 5) if mask else (6,))
+
+
 def test_labels_of_any_hashable_kind():
     """verl passes NumPy arrays of uid strings; lists, tuples and integer tensors work too."""
     np = pytest.importorskip("numpy")

@@ -3,7 +3,7 @@
 Issue #31 found gradients computed by cancellation: k3 with bias correction as
 (1 - e^-d) r + (e^-d - 1 + d) r (exactly 0 at d = -28 where the truth is -2.5e9) and
 SAPO's gate * (1 - gate) (100% off at log ratio 3). The native backward against the
-float64 reference's autograd, on rlk.testing.loss_audit's inputs (which say the ranges).
+float64 reference's autograd, on rlk.ops.policy_loss.audit's inputs (which say the ranges).
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from rlk.ops.policy_loss import native
-from rlk.ops.policy_loss.options import PolicyLossOptions
-from rlk.testing.loss_audit import (
+from rlk.ops.policy_loss.audit import (
     assert_gradient_matches,
     audit_inputs,
     audit_options,
     case_name,
     reference_gradient,
 )
+from rlk.ops.policy_loss.options import PolicyLossOptions
 
 AUDIT = audit_options()
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 from rlk.ops.policy_loss import native
-from rlk.ops.policy_loss.options import PolicyLossOptions
-from rlk.testing.loss_audit import (
+from rlk.ops.policy_loss.audit import (
     assert_gradient_matches,
     audit_inputs,
     audit_options,
     case_name,
     reference_gradient,
 )
+from rlk.ops.policy_loss.options import PolicyLossOptions
 
 from rlk_cuda import policy_loss as kernels
 

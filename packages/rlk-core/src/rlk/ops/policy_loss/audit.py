@@ -111,10 +111,11 @@ def audit_options() -> list[PolicyLossOptions]:
               ("sapo", "token", 20.0), ("vespo", "token", None)]
     for (objective, level, bound), estimator, kl_clamp, bias in itertools.product(
             shapes, KL_ESTIMATORS, (None, 10.0), (False, True)):
-        cases.append(PolicyLossOptions(
-            objective=objective, ratio_level=level, kl_coef=0.5, kl_estimator=estimator,
-            kl_clamp=kl_clamp, kl_bias_correction=bias, agg="token-sum",
-            log_ratio_min=None if bound is None else -bound, log_ratio_max=bound))
+        settings = {"objective": objective, "ratio_level": level, "kl_coef": 0.5,
+                    "kl_estimator": estimator, "kl_clamp": kl_clamp, "kl_bias_correction": bias,
+                    "agg": "token-sum", "log_ratio_min": None if bound is None else -bound,
+                    "log_ratio_max": bound}
+        cases.append(PolicyLossOptions(**settings))
     return cases
 
 

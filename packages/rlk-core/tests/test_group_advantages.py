@@ -167,6 +167,8 @@ def test_batch_std_divides_each_group_deviation_by_the_batch_std():
     ("mean", "std", lambda r: r / (1 + 1e-6)),
     ("mean", "none", lambda r: r),
     ("loo", "none", lambda r: r),
+    ("mean", "batch-std", lambda r: r),  # the batch's scale is not a singleton's (#31 S6)
+    ("loo", "batch-std", lambda r: r),
 ])
 def test_singleton_reward_is_verls_convention(baseline, normalize, expected):
     rewards = torch.tensor([0.3, -1.5, 2.0, 4.0])
@@ -177,6 +179,48 @@ def test_singleton_reward_is_verls_convention(baseline, normalize, expected):
     zero = rlk.group_advantages(rewards, group_ids=ids, baseline=baseline, normalize=normalize)
     assert torch.equal(zero[:2], torch.zeros(2))
     _close(got[2:], zero[2:])
+
+
+@pytest.mark.parametrize("eps", [1e-6, 0.0])
+def test_batch_std_leaves_singletons_their_reward_as_the_reference_does(eps):
+    """Issue #31 S6/F2: groups of one under batch-std were divided by the batch std (0 for
+    [0.5, 0.5]: 5e5, inf at eps=0; the reference gave NaN for a zero reward at eps=0)."""
+    options = GroupAdvantagesOptions(normalize="batch-std", singleton="reward", eps=eps)
+    rewards = torch.cat([torch.full((2,), 0.5), torch.zeros(1), torch.randn(5, generator=GEN)])
+    ids = torch.tensor([0, 1, 2, 3, 4, 4, 5, 5])
+    got = rlk.group_advantages(rewards, group_ids=ids, options=options)
+    assert torch.equal(got[:4], rewards[:4])
+    _close(got, reference.group_advantages(rewards, ids, options=options))
+    for size in (1, 2):  # all singletons; a batch of one
+        one = rewards[:size]
+        _close(rlk.group_advantages(one, group_size=1, options=options), one)
+        _close(reference.group_advantages(one, torch.arange(size), options=options), one)
+
+
+@pytest.mark.parametrize("singleton", ["zero", "reward"])
+@pytest.mark.parametrize("size", [1, 9])
+def test_batch_std_nan_reward_makes_the_whole_batch_nan(singleton, size):
+    """Issue #31 S7: constant groups and singletons stayed 0 (docs: the whole batch NaN)."""
+    rewards = torch.cat([torch.ones(4), torch.randn(5, generator=GEN)])[:size]  # constant first
+    rewards[-1] = torch.nan
+    ids = torch.tensor([0, 0, 1, 2, 2, 3, 3, 4, 5])[:size]
+    options = GroupAdvantagesOptions(normalize="batch-std", singleton=singleton)
+    assert rlk.group_advantages(rewards, group_ids=ids, options=options).isnan().all()
+    assert reference.group_advantages(rewards, ids, options=options).isnan().all()
+    ignored = GroupAdvantagesOptions(normalize="batch-std", singleton=singleton, nan="ignore")
+    _close(rlk.group_advantages(rewards, group_ids=ids, options=ignored),
+           reference.group_advantages(rewards, ids, options=ignored))
+
+
+@pytest.mark.parametrize("mask", [False, True])
+def test_meta_rewards_with_group_ids_give_the_output_shape(mask):
+    """Issue #31: torch.unique raised torch's raw NotImplementedError on meta ids."""
+    rewards = torch.empty(6, device="meta")
+    ids = torch.empty(6, dtype=torch.int32, device="meta")
+    extra = {"mask": torch.empty(6, 5, device="meta")} if mask else {}
+    got = rlk.group_advantages(rewards, group_ids=ids, **extra)
+    assert got.is_meta and got.dtype == torch.float32
+    assert got.shape == ((6, 5) if mask else (6,))
 
 
 def test_labels_of_any_hashable_kind():

@@ -57,7 +57,8 @@ __device__ int64_t first_at_least(const int64_t* ids, int64_t n, int64_t g, int6
   return lo;
 }
 
-// The batch's sample std of its (valid) rewards, 0 with fewer than two: one block, two passes.
+// The batch's sample std of its (valid) rewards: one block, two passes. With fewer than two
+// it is 0, or NaN when the one reward is NaN (which then poisons the batch, as with more).
 __global__ void __launch_bounds__(kBatchThreads) batch_std_kernel(GroupAdvArgs a) {
   __shared__ double scratch[kBatchThreads / RLK_WARP_SIZE * 2];
   double v[2] = {0.0, 0.0};  // count, sum
@@ -76,7 +77,7 @@ __global__ void __launch_bounds__(kBatchThreads) batch_std_kernel(GroupAdvArgs a
     sq += (r - mean) * (r - mean);
   }
   sq = block_sum<kBatchThreads>(sq, scratch);
-  if (threadIdx.x == 0) *a.batch_std = count > 1.0 ? sqrt(sq / (count - 1.0)) : 0.0;
+  if (threadIdx.x == 0) *a.batch_std = count > 1.0 ? sqrt(sq / (count - 1.0)) : v[1] * 0.0;
 }
 
 template <int TEAM>
@@ -114,7 +115,9 @@ __global__ void __launch_bounds__(kThreads) group_advantages_kernel(GroupAdvArgs
   count = team.sum(count);
   nans = team.sum(nans);
   low = team.min(low);
-  const bool nan = nans > 0.0;
+  // a NaN reward makes its group NaN, and under batch-std (whose std it makes NaN) the batch
+  const bool nan = nans > 0.0 || (a.normalize == kNormalizeBatchStd && !a.nan_ignore &&
+                                  isnan(*a.batch_std));
   // Pass 2: sum of rewards centred on the minimum (a constant group sums to exactly 0).
   double sum = 0.0;
   for (int64_t i = begin + lane; i < end; i += TEAM) {
@@ -149,7 +152,9 @@ __global__ void __launch_bounds__(kThreads) group_advantages_kernel(GroupAdvArgs
     const double c = r - low;
     double adv = a.leave_one_out ? c - (sum - c) / fmax(count - 1.0, 1.0) : c - mean;
     if (single) adv = a.singleton_reward ? r : 0.0;  // verl: baseline 0 (and std 1)
-    if (a.normalize != kNormalizeNone && adv != 0.0) adv /= std + a.eps;
+    // a singleton's reward is not on the batch's scale: batch-std leaves it as it is
+    const bool unscaled = single && a.normalize == kNormalizeBatchStd;
+    if (a.normalize != kNormalizeNone && adv != 0.0 && !unscaled) adv /= std + a.eps;
     a.out[k] = nan ? __int_as_float(0x7fc00000) : static_cast<float>(adv);
   }
 }

@@ -141,7 +141,8 @@ __device__ __forceinline__ Terms token_terms(const PolicyLossArgs& a, const Toke
   const PolicyLossSettings& s = a.s;
   Terms r{};
   const bool passes = !(log_ratio < s.log_ratio_min || log_ratio > s.log_ratio_max);
-  const float ratio = expf(clamp(log_ratio, s.log_ratio_min, s.log_ratio_max));
+  const float clamped = clamp(log_ratio, s.log_ratio_min, s.log_ratio_max);
+  const float ratio = expf(clamped);
   bool truncated;
   const float weight = importance_weight(a, x, &truncated);
   const float lo = 1.0f - s.clip_low, hi = 1.0f + s.clip_high;
@@ -182,10 +183,13 @@ __device__ __forceinline__ Terms token_terms(const PolicyLossArgs& a, const Toke
       break;
     }
     case kSapo: {
+      // the gate's derivative as sigmoid(z) * sigmoid(-z), not gate * (1 - gate), which
+      // cancels to 0 near saturation; r - 1 as expm1 of the log ratio
       const float tau = x.adv > 0.0f ? s.sapo_temperature_pos : s.sapo_temperature_neg;
-      const float gate = 1.0f / (1.0f + expf(-tau * (ratio - 1.0f)));
+      const float z = tau * expm1f(clamped);
+      const float gate = 1.0f / (1.0f + expf(-z));
       policy = -x.adv * gate * 4.0f / tau;
-      through = -x.adv * 4.0f * gate * (1.0f - gate);
+      through = -x.adv * 4.0f * gate * (1.0f / (1.0f + expf(z)));
       break;
     }
     default: {  // VESPO: phi of the sequence weight, detached; non-finite phi counts as 0
@@ -209,29 +213,37 @@ __device__ __forceinline__ Terms token_terms(const PolicyLossArgs& a, const Toke
   r.grad_logp = policy_logp;
   if (a.ref_logp.data != nullptr) {
     const float delta = x.logp - x.ref;
-    float slope;
+    // kl, its slope and `both` = slope + kl (rlk.native.policy_loss._kl): what kl * r has per
+    // unit r when r is this token's ratio, written without cancellation (k3: delta exactly)
+    float slope, both;
     switch (s.kl_estimator) {
-      case kK1: kl = delta, slope = 1.0f; break;
-      case kK2: kl = 0.5f * delta * delta, slope = delta; break;
+      case kK1: kl = delta, slope = 1.0f, both = 1.0f + delta; break;
+      case kK2: kl = 0.5f * delta * delta, slope = delta, both = delta * (1.0f + 0.5f * delta); break;
       case kK3: {
-        const float back = expf(-delta);
-        kl = back - 1.0f + delta, slope = 1.0f - back;
+        const float back = expm1f(-delta);
+        kl = back + delta, slope = -back, both = delta;
         break;
       }
       default:  // abs; torch.sign(NaN) is 0
         kl = fabsf(delta), slope = delta > 0.0f ? 1.0f : (delta < 0.0f ? -1.0f : 0.0f);
+        both = slope + kl;
     }
     if (s.kl_clamp > 0.0f) {
       const bool inside = !(kl < -s.kl_clamp || kl > s.kl_clamp);
       kl = clamp(kl, -s.kl_clamp, s.kl_clamp);
       slope = inside ? slope : 0.0f;
+      both = inside ? both : kl;
     }
-    if (s.kl_straight_through) slope = delta;
+    if (s.kl_straight_through) slope = delta, both = delta + kl;
     float kl_through = 0.0f;
     if (s.kl_bias_correction) {
+      if (s.ratio_level != kSequenceRatio) {  // both derivatives land on this token
+        slope = (passes ? both : slope) * ratio;
+      } else {
+        slope *= ratio;
+        kl_through = passes ? kl * ratio : 0.0f;
+      }
       kl *= ratio;
-      slope *= ratio;
-      kl_through = passes ? kl : 0.0f;
     }
     r.value = policy + s.kl_coef * kl;
     r.grad_logp = policy_logp + s.kl_coef * slope;

@@ -189,3 +189,31 @@ def test_batch_std_over_the_whole_batch() -> None:
     got = forward(rewards, None, 16, 256, options)
     want = reference.group_advantages(rewards.cpu(), torch.arange(4096) // 16, options=options)
     assert (got.double().cpu() - want).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("singleton", ["zero", "reward"])
+@pytest.mark.parametrize("eps", [1e-6, 0.0])
+@pytest.mark.parametrize("case", ["singletons", "one", "nan", "nan-one", "nan-ignore"])
+def test_batch_std_singletons_and_nan_match_the_reference(singleton: str, eps: float,
+                                                          case: str) -> None:
+    """Issue #31 S6, S7, F2: a singleton keeps its reward under batch-std (singleton="reward"),
+    a NaN reward under nan="propagate" makes the whole batch NaN, constant groups included."""
+    gen = torch.Generator(device="cuda").manual_seed(31)
+    rewards = torch.cat([torch.full((4,), 0.5, device="cuda"),
+                         torch.randn(6, generator=gen, device="cuda")])
+    ids = torch.tensor([0, 0, 1, 2, 3, 3, 4, 4, 4, 5], device="cuda")
+    if case in ("one", "nan-one"):
+        rewards, ids = rewards[:1], ids[:1]
+    if case.startswith("nan"):
+        rewards[-1] = float("nan")
+    settings = {"nan": "ignore"} if case == "nan-ignore" else {}
+    groups = int(ids.max()) + 1
+    with poisoned_allocations():
+        got = _forward(rewards, ids, groups, "batch-std", "mean", eps, singleton=singleton,
+                       **settings)
+    want = _reference(rewards, ids, "batch-std", "mean", eps, singleton=singleton, **settings)
+    torch.testing.assert_close(got.double().cpu(), want, atol=1e-5, rtol=1e-5, equal_nan=True)
+    native_got = native.forward(rewards.cpu(), ids.cpu(), 0, groups,
+                                _options("batch-std", "mean", eps, singleton=singleton,
+                                         **settings))
+    torch.testing.assert_close(got.cpu(), native_got, atol=1e-5, rtol=1e-5, equal_nan=True)

@@ -21,6 +21,8 @@ from typing import Any, ClassVar, TypeVar
 
 import torch
 
+from rlk._runtime import validate
+
 _CACHE_SIZE = 256
 Self = TypeVar("Self", bound="Options")
 
@@ -64,6 +66,7 @@ class Number:
         above = number < self.high if self.high_strict else number <= self.high
         if not (-math.inf < number < math.inf and below and above):
             raise ValueError(f"{name} must be {self.description}; got {_shown(value)}")
+        validate.in_float32(name, number)
         return number
 
 
@@ -88,14 +91,12 @@ class Choice:
 
 @dataclass(frozen=True)
 class Flag:
-    """True or False, nothing else (not 0/1, not a string)."""
+    """True or False (NumPy's too), nothing else (not 0/1, not a string)."""
 
     schema: ClassVar[str] = "bool"
 
     def check(self, name: str, value: Any) -> bool:
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
-        return value
+        return validate.boolean(name, value)
 
 
 Rule = Number | Choice | Flag

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
@@ -14,6 +16,7 @@ FLOATS = (torch.float32, torch.bfloat16, torch.float16)  # what the kernels of m
 ANY_FLOAT = (*FLOATS, torch.float64)  # what ops that read each input in its own dtype take
 INDICES = (torch.int32, torch.int64)
 _INT64 = (-(2**63), 2**63)
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -46,12 +49,36 @@ def same_device(name: str, value: torch.Tensor, reference: torch.Tensor, ref_nam
 
 
 def real(name: str, value: object) -> float:
-    """A Python or NumPy real number as a float (bools and tensors are refused)."""
+    """A Python or NumPy real number as a float (bools and tensors are refused), within
+    float32's range (`in_float32`); inf and NaN pass, for the caller's own bounds."""
     if type(value) is float:  # the common case, without the ABC check's host time
-        return value
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        number = value
+    elif isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    return float(value)
+    else:
+        number = float(value)
+    in_float32(name, number)
+    return number
+
+
+def in_float32(name: str, number: Any) -> None:
+    """Refuse a finite number beyond float32's range: every backend applies scalar settings
+    in float32, where it would silently become inf. (Symbolic values compare too.)"""
+    beyond = number > FLOAT32_MAX or number < -FLOAT32_MAX
+    if beyond and -math.inf < number < math.inf:
+        raise ValueError(f"{name} must be within float32's range (|{name}| <= "
+                         f"{FLOAT32_MAX:.7g}): kernels apply it in float32, where it would "
+                         f"be inf; got {number!r}")
+
+
+def boolean(name: str, value: object) -> bool:
+    """True or False, Python's or NumPy's (not 0/1, not a string, not a tensor)."""
+    if value is True or value is False:
+        return value
+    kind = type(value)
+    if kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_"):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {kind.__name__} {value!r}")
 
 
 def positive_scalar(name: str, value: object, *, allow_zero: bool = False) -> float:

@@ -13,13 +13,14 @@ def _group_sum(values: Tensor, group_ids: Tensor, num_groups: int) -> Tensor:
 
 
 def batch_std(rewards: Tensor, valid: Tensor) -> Tensor:
-    """The sample std of the batch's valid rewards (0 with fewer than two): TRL's
-    scale_rewards="batch" scale."""
+    """The sample std of the batch's valid rewards: TRL's scale_rewards="batch" scale. With
+    fewer than two it is 0, or NaN when the one reward is (so that under nan="propagate" a
+    NaN reward poisons the batch whatever its size)."""
     count = valid.sum().to(rewards.dtype)
     kept = torch.where(valid, rewards, 0.0)
     mean = kept.sum() / count.clamp(min=1.0)
     squares = torch.where(valid, (rewards - mean) ** 2, 0.0).sum()
-    return torch.where(count > 1, (squares / (count - 1).clamp(min=1.0)).sqrt(), 0.0)
+    return torch.where(count > 1, (squares / (count - 1).clamp(min=1.0)).sqrt(), kept.sum() * 0.0)
 
 
 def forward(rewards: Tensor, group_ids: Tensor | None, group_size: int, num_groups: int,
@@ -28,7 +29,9 @@ def forward(rewards: Tensor, group_ids: Tensor | None, group_size: int, num_grou
 
     Deviations are taken from each group's minimum first, so a constant group gives
     exactly 0 (no rounding residue for eps to blow up) and never NaN. A NaN reward makes
-    its whole group NaN, or under nan="ignore" is left out of every statistic and gets 0.
+    its whole group NaN (the whole batch under batch-std), or under nan="ignore" is left
+    out of every statistic and gets 0. A group of one under singleton="reward" keeps its
+    reward, divided by 1 + eps under std and by nothing else.
     """
     if group_ids is None:
         group_ids = torch.arange(rewards.shape[0], device=rewards.device) // max(group_size, 1)
@@ -60,8 +63,13 @@ def forward(rewards: Tensor, group_ids: Tensor | None, group_size: int, num_grou
         advantages = torch.where(single, 0.0, advantages)
     if options.normalize != "none":
         scaled = advantages / (std + options.eps)
-        advantages = torch.where(advantages == 0, 0.0, scaled)
+        unscaled = advantages == 0
+        if options.normalize == "batch-std" and options.singleton == "reward":
+            unscaled = unscaled | single  # the batch's scale is not the singleton's
+        advantages = torch.where(unscaled, advantages, scaled)
     if ignore:
         return torch.where(valid, advantages, 0.0)
-    poisoned = _group_sum(rewards.isnan().to(rewards.dtype), group_ids, num_groups) > 0
-    return torch.where(poisoned[group_ids], torch.nan, advantages)
+    poisoned = (_group_sum(rewards.isnan().to(rewards.dtype), group_ids, num_groups) > 0)[group_ids]
+    if options.normalize == "batch-std":  # a NaN reward makes the batch's std NaN
+        poisoned = poisoned | std.isnan()
+    return torch.where(poisoned, torch.nan, advantages)

@@ -26,7 +26,10 @@ MASKS = (torch.bool, *LABELS, *FLOATS)
 
 
 def dense_ids(group_ids: Tensor) -> tuple[Tensor, int]:
-    """Integer labels renumbered 0..G-1 (in label order), and G."""
+    """Integer labels renumbered 0..G-1 (in label order), and G. Meta labels (shape
+    propagation) hold no values to renumber: they pass as int64, G bounded by their count."""
+    if group_ids.is_meta:
+        return group_ids.to(torch.int64), int(group_ids.numel())
     labels, ids = torch.unique(group_ids, return_inverse=True)
     return ids.to(torch.int64), int(labels.numel())
 

@@ -144,7 +144,7 @@ def token_terms(logp: Tensor, old_logp: Tensor, advantages: Tensor, real: Tensor
     ratio = log_ratio.exp()
     zero = torch.zeros_like(ratio)
     policy, policy_logp, through_ratio, clip_stats = _OBJECTIVES[options.objective](
-        logp, advantages, ratio, options, sequence)
+        logp, advantages, log_ratio, ratio, options, sequence)
     through_ratio = torch.where(passes, through_ratio * ratio, 0.0)
     if weight is not None and options.objective != "vespo":
         policy, policy_logp = policy * weight, policy_logp * weight
@@ -152,8 +152,7 @@ def token_terms(logp: Tensor, old_logp: Tensor, advantages: Tensor, real: Tensor
     kl = zero
     value, grad_logp = policy, policy_logp
     if ref_logp is not None:
-        kl, kl_logp, kl_ratio = _kl(logp - ref_logp, ratio, options)
-        kl_ratio = torch.where(passes, kl_ratio, 0.0)
+        kl, kl_logp, kl_ratio = _kl_term(logp - ref_logp, ratio, passes, options)
         coef = options.kl_coef
         value = value + coef * kl
         grad_logp = grad_logp + coef * kl_logp
@@ -171,7 +170,7 @@ def token_terms(logp: Tensor, old_logp: Tensor, advantages: Tensor, real: Tensor
 Objective = tuple[Tensor, Tensor, Tensor, list[Tensor]]
 
 
-def _ppo(logp: Tensor, adv: Tensor, ratio: Tensor, o: PolicyLossOptions,
+def _ppo(logp: Tensor, adv: Tensor, log_ratio: Tensor, ratio: Tensor, o: PolicyLossOptions,
          sequence: Tensor | None) -> Objective:
     """max(-A r, -A clip(r)) with TRL's ratio cap (delta) and verl's dual clip.
 
@@ -196,8 +195,8 @@ def _ppo(logp: Tensor, adv: Tensor, ratio: Tensor, o: PolicyLossOptions,
     return term, torch.zeros_like(term), slope, [took_clip.to(F32), low, high, dual.to(F32)]
 
 
-def _cispo(logp: Tensor, adv: Tensor, ratio: Tensor, o: PolicyLossOptions,
-           sequence: Tensor | None) -> Objective:
+def _cispo(logp: Tensor, adv: Tensor, log_ratio: Tensor, ratio: Tensor,
+           o: PolicyLossOptions, sequence: Tensor | None) -> Objective:
     """-sg(clip(r)) * A * logp: the clipped ratio weighs the log-prob and carries no gradient."""
     weight = ratio.clamp(1.0 - o.clip_low, 1.0 + o.clip_high)
     outside = (ratio < 1.0 - o.clip_low) | (ratio > 1.0 + o.clip_high)
@@ -206,18 +205,23 @@ def _cispo(logp: Tensor, adv: Tensor, ratio: Tensor, o: PolicyLossOptions,
     return -weight * adv * logp, -weight * adv, zero, [outside.to(F32), low, high, zero]
 
 
-def _sapo(logp: Tensor, adv: Tensor, ratio: Tensor, o: PolicyLossOptions,
-          sequence: Tensor | None) -> Objective:
-    """-A * (4 / tau) * sigmoid(tau * (r - 1)), tau by the sign of A (SAPO's soft gate)."""
+def _sapo(logp: Tensor, adv: Tensor, log_ratio: Tensor, ratio: Tensor,
+          o: PolicyLossOptions, sequence: Tensor | None) -> Objective:
+    """-A * (4 / tau) * sigmoid(tau * (r - 1)), tau by the sign of A (SAPO's soft gate).
+
+    The gate's derivative is sigmoid(x) * sigmoid(-x), not gate * (1 - gate): near
+    saturation 1 - gate cancels to 0 in float32 while sigmoid(-x) keeps every digit;
+    r - 1 is expm1 of the log ratio for the same reason."""
     tau = torch.where(adv > 0, o.sapo_temperature_pos, o.sapo_temperature_neg)
-    gate = torch.sigmoid(tau * (ratio - 1.0))
+    x = tau * torch.expm1(log_ratio)
+    gate = torch.sigmoid(x)
     zero = torch.zeros_like(ratio)
-    return (-adv * gate * 4.0 / tau, zero, -adv * 4.0 * gate * (1.0 - gate),
+    return (-adv * gate * 4.0 / tau, zero, -adv * 4.0 * gate * torch.sigmoid(-x),
             [zero, zero, zero, zero])
 
 
-def _vespo(logp: Tensor, adv: Tensor, ratio: Tensor, o: PolicyLossOptions,
-           sequence: Tensor | None) -> Objective:
+def _vespo(logp: Tensor, adv: Tensor, log_ratio: Tensor, ratio: Tensor,
+           o: PolicyLossOptions, sequence: Tensor | None) -> Objective:
     """-phi(w) * A * logp with phi(w) = exp(lambda + k log w - lambda w) of the sequence
     weight w (detached; non-finite phi counts as 0, as in TRL)."""
     assert sequence is not None, "vespo needs sequence_statistics"
@@ -240,27 +244,47 @@ def _clip_sides(ratio: Tensor, adv: Tensor, o: PolicyLossOptions) -> tuple[Tenso
     return low.to(F32), high.to(F32)
 
 
-def _kl(delta: Tensor, ratio: Tensor, o: PolicyLossOptions) -> tuple[Tensor, Tensor, Tensor]:
-    """(value, d value / d logp, d value / d log ratio) of the KL term at delta = logp - ref."""
+def _kl(delta: Tensor, o: PolicyLossOptions) -> tuple[Tensor, Tensor, Tensor]:
+    """(k, dk/d delta, dk/d delta + k) of the KL estimate k at delta = logp - ref, clamped.
+
+    The last is what the bias-corrected term k * r has per unit r when r is this token's
+    ratio; it is written without cancellation (k3: exactly delta, where
+    (1 - e^-delta) + (e^-delta - 1 + delta) loses every digit in float32 at delta << 0)."""
     base = o.kl_base
     if base == "k1":
-        value, slope = delta, torch.ones_like(delta)
+        value, slope, both = delta, torch.ones_like(delta), 1.0 + delta
     elif base == "k2":
         value, slope = 0.5 * delta * delta, delta
+        both = delta * (1.0 + 0.5 * delta)
     elif base == "k3":
-        back = torch.exp(-delta)
-        value, slope = back - 1.0 + delta, 1.0 - back
+        back = torch.expm1(-delta)  # e^-delta - 1, exact near delta = 0
+        value, slope, both = back + delta, -back, delta
     else:  # abs
         value, slope = delta.abs(), delta.sign()
+        both = slope + value
     if o.kl_clamp is not None:
         inside = ~((value < -o.kl_clamp) | (value > o.kl_clamp))
         value = value.clamp(-o.kl_clamp, o.kl_clamp)
         slope = torch.where(inside, slope, 0.0)
+        both = torch.where(inside, both, value)
     if o.kl_straight_through:
-        slope = delta
+        slope, both = delta, delta + value
+    return value, slope, both
+
+
+def _kl_term(delta: Tensor, ratio: Tensor, passes: Tensor,
+             o: PolicyLossOptions) -> tuple[Tensor, Tensor, Tensor]:
+    """(value, d value / d logp, d value / d log ratio) of the KL term (before kl_coef).
+
+    Bias corrected, the term is k * r. When the ratio is the token's own (every ratio
+    level but "sequence") both derivatives land on this token, so they are returned
+    summed in d value / d logp in `_kl`'s cancellation-free form, 0 through the ratio."""
+    value, slope, both = _kl(delta, o)
     if not o.kl_bias_correction:
         return value, slope, torch.zeros_like(value)
-    return value * ratio, slope * ratio, value * ratio
+    if o.ratio_level != "sequence":
+        return value * ratio, torch.where(passes, both, slope) * ratio, torch.zeros_like(value)
+    return value * ratio, slope * ratio, torch.where(passes, value * ratio, 0.0)
 
 
 def token_kl_and_grad(logp: Tensor, ref_logp: Tensor,
@@ -271,7 +295,7 @@ def token_kl_and_grad(logp: Tensor, ref_logp: Tensor,
     if options.kl_bias_correction:
         raise ValueError("kl_bias_correction multiplies the KL by the policy ratio, which "
                          "needs old_logp: use policy_loss")
-    value, slope, _ = _kl(logp - ref_logp, logp, options)  # the ratio is read only for it
+    value, slope, _ = _kl(logp - ref_logp, options)
     return value, slope
 
 

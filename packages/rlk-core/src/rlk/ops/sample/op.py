@@ -55,10 +55,12 @@ def _seeds(seed: int | Tensor | None, lead: tuple[int, ...], device: torch.devic
     base: int | Tensor
     if seed is None:
         base = torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device)
-    elif isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be None, an int or an int64 tensor, got {type(seed).__name__}")
-    else:
-        base = _mix64(seed)  # unrelated to the base of seed s + 1
+    else:  # a Python or NumPy int; unrelated to the base of seed s + 1
+        try:
+            base = _mix64(validate.integer("seed", seed))
+        except TypeError:
+            raise TypeError("seed must be None, an int or an int64 tensor, got "
+                            f"{type(seed).__name__}") from None
     return torch.arange(math.prod(lead), dtype=torch.int64, device=device) ^ base
 
 

@@ -394,3 +394,41 @@ def test_whole_batch_and_per_token_gradients_agree_on_a_chunk(name):
     whole = LossGrads(policy, 0.1, whole_batch=True)(logp, 4, 11)
     for a, b in zip(per_token, whole, strict=True):
         _close(a, b, atol=1e-7, rtol=1e-6)
+
+
+def test_float16_gradients_beyond_its_range_are_inf_exactly_where_float64_is():
+    """Issue #31 F4, the documented contract: gradients come back in the inputs' dtype and
+    overflow as a cast from float64 would (torch's behaviour, which GradScaler detects):
+    +-inf exactly where the float64 gradient rounds past float16's largest value, the
+    float64 values elsewhere. A k3 KL with ref_logp 9 and 13 nats above logp does that."""
+    gen = torch.Generator().manual_seed(5)
+    batch, length, width, vocab = 2, 4, 8, 20
+    hidden = torch.randn(batch, length, width, generator=gen).half()
+    weight = torch.randn(vocab, width, generator=gen).half()
+    tokens = torch.randint(0, vocab, (batch, length), generator=gen)
+    logp = linear_logp_reference.linear_logp_entropy(
+        hidden.reshape(-1, width), weight, tokens.reshape(-1))[0].view(batch, length).float()
+    ref = logp.clone()
+    ref[0, 1] += 13.0
+    ref[1, 2] += 9.0
+    options = {"ref_logp": ref, "kl_coef": 1.0, "kl_estimator": "k3"}
+    advantages, mask = torch.randn(batch, generator=gen), torch.ones(batch, length)
+    h, w = _leaves(hidden, weight)
+    rlk.linear_policy_loss(h, w, tokens, logp, advantages, mask, **options)[0].backward()
+    leaves = [hidden.reshape(-1, width).double().requires_grad_(True),
+              weight.double().requires_grad_(True)]
+    want = reference.linear_policy_loss(*leaves, tokens.reshape(-1), old_logp=logp,
+                                        advantages=advantages, mask=mask,
+                                        **_reference_options(options))
+    want[0].backward()
+    limit = torch.finfo(torch.float16).max
+    for got, expected in ((h.grad.reshape(-1, width), leaves[0].grad), (w.grad, leaves[1].grad)):
+        assert got.dtype == torch.float16
+        over = expected.half().isinf()
+        assert over.any()  # the case is what it claims
+        # no float64 value so near the overflow threshold that float32's error decides it
+        assert not ((expected.abs() > 0.99 * limit) & (expected.abs() < 1.01 * limit)).any()
+        assert torch.equal(got.isinf(), over) and not got.isnan().any()
+        assert torch.equal(got[over].sign(), expected[over].sign().half())
+        _close(got[~over], expected[~over], atol=3e-4, rtol=5e-3)
+

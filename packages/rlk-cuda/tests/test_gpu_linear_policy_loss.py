@@ -350,3 +350,30 @@ def test_relative_probs_segments_change_the_schedule_not_the_result(
     monkeypatch.setattr(ext, "relative_probs_segments", lambda V: 65)
     with pytest.raises(RuntimeError, match="nseg must be within"):
         run()
+
+
+@pytest.mark.parametrize("backend", ["cuda", "native"])
+def test_float16_overflow_is_signalled_wherever_float64_overflows(backend: str) -> None:
+    """Issue #31 F4 on a GPU: float16 GEMM operands round the logits gradient to float16, so
+    an overflow may spread along its row (docs/ops/linear_policy_loss.md); every entry whose
+    float64 gradient is past float16's range is non-finite, and the finite ones are right."""
+    data = _data(2, 64, 64, 1300, torch.float16, seed=3)
+    ref = data["old_logp"].clone()
+    ref[0, 5] += 17.0  # a k3 KL gradient of e^17 / ~100 tokens at one token
+    options = {"ref_logp": ref, "kl_coef": 1.0, "kl_estimator": "k3"}
+    args = (data["tokens"], data["old_logp"], data["advantages"], data["mask"])
+    leaves = [t.clone().requires_grad_(True) for t in (data["hidden"], data["weight"])]
+    with rlk.use_backends(backend, strict=True):
+        rlk.linear_policy_loss(*leaves, *args, **options)[0].backward()
+    f64 = [t.detach().double().requires_grad_(True) for t in (data["hidden"], data["weight"])]
+    want = reference.linear_policy_loss(
+        f64[0].reshape(-1, 64), f64[1], data["tokens"].reshape(-1), old_logp=data["old_logp"],
+        advantages=data["advantages"], mask=data["mask"], **_reference_options(options))
+    want[0].backward()
+    for got, expected in ((leaves[0].grad.reshape(-1, 64), f64[0].grad), (leaves[1].grad,
+                                                                          f64[1].grad)):
+        over = expected.half().isinf()
+        assert over.any() and not got.isfinite()[over].any()
+        fine = got.isfinite()
+        torch.testing.assert_close(got[fine].double(), expected[fine], atol=3e-4, rtol=5e-3)
+

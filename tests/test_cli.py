@@ -151,10 +151,9 @@ def test_doctor_into_a_closed_pipe_ends_quietly():
     assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="root cause in rlk/ops/linear_policy_loss.py (#31): its "
-                   "_prepare range-checks tokens under config.checking_inputs() instead of "
-                   "validate.value_checks(...), so the doctor's meta samples call .item()")
 def test_doctor_runs_under_value_checks(fresh_rlk, capsys):
+    """Issue #31: the linear ops range-checked tokens under RLK_CHECK_INPUTS=1 even when they
+    were the doctor's meta samples (Tensor.item() on a meta tensor)."""
     fresh_rlk.setenv("RLK_CHECK_INPUTS", "1")
     assert main(["doctor"]) == 0
 

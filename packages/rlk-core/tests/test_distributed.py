@@ -113,7 +113,10 @@ def _check_linear_policy_loss(data: dict[str, torch.Tensor], lo: int, hi: int, g
     mask = torch.ones(1, N)
     mask[0, 7] = 0.0  # a masked position with an out-of-range token
     settings = [{"kl_coef": 0.05, "ref_logp": old + 0.2, "entropy_coef": 0.01},
-                {"ratio_level": "sequence", "clip_low": 0.03, "clip_high": 0.04}]
+                {"ratio_level": "sequence", "clip_low": 0.03, "clip_high": 0.04},
+                {"kl_coef": 0.05, "ref_logp": old + 0.2, "softcap": 1.5},
+                {"ratio_level": "sequence", "clip_low": 0.03, "clip_high": 0.04,
+                 "softcap": 2.0}]
     for chunk_mb in (None, "0.002"):
         if chunk_mb is not None:
             os.environ["RLK_NATIVE_CHUNK_MB"] = chunk_mb
@@ -132,6 +135,12 @@ def _check_linear_policy_loss(data: dict[str, torch.Tensor], lo: int, hi: int, g
             _close(f"{case} grad weight", part[1].grad, full[1].grad[lo:hi])
             _close(f"{case} grad bias", part[2].grad, full[2].grad[lo:hi])
             assert metrics["logp"][0, 7] == 0, case
+            with torch.no_grad():  # the forward-only (two-pass) route, soft cap included
+                alone, alone_metrics = rlk.linear_policy_loss(
+                    part[0], part[1], tokens, old, torch.ones(1), mask, bias=part[2],
+                    group=group, **options)
+            _close(f"{case} no_grad", alone, want)
+            _close(f"{case} no_grad logp", alone_metrics["logp"], metrics["logp"])
     os.environ.pop("RLK_NATIVE_CHUNK_MB", None)
 
 

@@ -233,8 +233,12 @@ def test_mixed_dtypes_outside_autocast_run_in_the_reduced_one():
         assert torch.equal(rlk.linear_logp(hidden, weight, tokens), mixed)
 
 
+@pytest.mark.parametrize("chunk_mb", [None, "0.01"])
 @pytest.mark.parametrize("per_row", [False, True])
-def test_softcap_and_logit_scale_match_the_reference_with_gradients(per_row):
+def test_softcap_and_logit_scale_match_the_reference_with_gradients(per_row, chunk_mb,
+                                                                     monkeypatch):
+    if chunk_mb is not None:
+        monkeypatch.setenv("RLK_NATIVE_CHUNK_MB", chunk_mb)
     hidden, weight, tokens, bias = _data(9, width=16, vocab=70)
     tokens[4] = -100
     temperature = torch.rand(9, generator=GEN) + 0.5 if per_row else 0.8
@@ -262,17 +266,22 @@ def test_softcap_bounds_the_logits():
     assert (logp >= -torch.log(torch.tensor(30.0)) - 1.0).all()
 
 
-def test_nan_hidden_state_in_an_ignored_row_gives_no_gradient():
-    """Issue #19 item 7: 0 * NaN in the weight gradient made all of grad_weight NaN."""
+@pytest.mark.parametrize("softcap", [None, 2.0])
+def test_nan_hidden_state_in_an_ignored_row_gives_no_gradient(softcap):
+    """Issue #19 item 7: 0 * NaN in the weight gradient made all of grad_weight NaN; issue
+    #31 S2: the soft cap's slope at a NaN row brought the NaN back."""
     hidden, weight, tokens, bias = _data(6, width=8, vocab=20)
     tokens[2] = -100
     hidden[2] = float("nan")
-    w, b = _leaves(weight, bias)
-    grad_logp = torch.randn(6, generator=GEN)
-    (rlk.linear_logp(hidden, w, tokens, bias=b) * grad_logp).sum().backward()
+    h, w, b = _leaves(hidden, weight, bias)
+    grad_logp, grad_entropy = torch.randn(6, generator=GEN), torch.randn(6, generator=GEN)
+    logp, entropy = rlk.linear_logp_entropy(h, w, tokens, bias=b, softcap=softcap)
+    torch.autograd.backward((logp, entropy), (grad_logp, grad_entropy))
     clean = hidden.clone()
     clean[2] = 0.0
-    want = reference.linear_logp_entropy_grad(clean, weight, tokens, grad_logp, None, bias=bias)
+    want = reference.linear_logp_entropy_grad(clean, weight, tokens, grad_logp, grad_entropy,
+                                              bias=bias, softcap=softcap)
+    _close(h.grad, want[0])
     _close(w.grad, want[1])
     _close(b.grad, want[2])
 

@@ -113,37 +113,54 @@ def test_equals_linear_logp_then_policy_loss(name, per_token):
     ("0.005", 6, "gspo", "sequences"),  # 7 rows per chunk: one 6-token sequence each
     ("0.005", 20, "ppo", "tokens"),  # 7-row chunks inside 20-token sequences
     ("0.005", 20, "gspo", "two-pass"),
+    ("0.005", 20, "vespo-is", "two-pass"),
 ])
+@pytest.mark.parametrize("cap", [{}, {"softcap": 3.0}, {"softcap": 2.0, "logit_scale": 0.6}])
+@pytest.mark.parametrize("grad", [True, False])
 def test_every_path_matches_the_reference_and_explain_names_it(chunk_mb, length, name, path,
-                                                                monkeypatch):
+                                                                cap, grad, monkeypatch):
+    """Each path, with and without a soft cap, with gradients and under no_grad (where every
+    path takes the two-pass forward), against float64."""
     if chunk_mb is not None:
         monkeypatch.setenv("RLK_NATIVE_CHUNK_MB", chunk_mb)
     data = _data(batch=4, length=length, vocab=30)
+    data["hidden"] = data["hidden"] * 3.0  # logits of a few units: the soft cap bends them
     options = _options(name, data)
     args = (data["tokens"], data["old_logp"], data["advantages"], data["mask"])
     selection = rlk.explain("linear_policy_loss", data["hidden"], data["weight"], *args,
-                            entropy_coef=0.02, **options)
+                            entropy_coef=0.02, **cap, **options)
     assert selection.backend == "native" and selection.plan.startswith(f"{path}:")
     h, w, b = _leaves(data["hidden"], data["weight"], torch.randn(30, generator=GEN))
-    loss, metrics = rlk.linear_policy_loss(h, w, *args, bias=b, entropy_coef=0.02,
-                                           temperature=0.8, **options)
-    loss.backward()
+    with torch.set_grad_enabled(grad):
+        loss, metrics = rlk.linear_policy_loss(h, w, *args, bias=b, entropy_coef=0.02,
+                                               temperature=0.8, **cap, **options)
     leaves = [t.detach().double().requires_grad_(True) for t in (h, w, b)]
     want = reference.linear_policy_loss(
         leaves[0].reshape(-1, 16), leaves[1], data["tokens"].reshape(-1), bias=leaves[2],
         old_logp=data["old_logp"], advantages=data["advantages"], mask=data["mask"],
-        temperature=0.8, entropy_coef=0.02, **_reference_options(options))
-    want[0].backward()
+        temperature=0.8, entropy_coef=0.02, **cap, **_reference_options(options))
     _close(loss, want[0], atol=1e-6, rtol=1e-5)
     _close(metrics["entropy"], want[1][-1])
     _close(metrics["logp"].reshape(-1), want[2])
+    if not grad:
+        return
+    loss.backward()
+    want[0].backward()
     for leaf, expected in zip((h, w, b), leaves, strict=True):
         _close(leaf.grad, expected.grad, atol=1e-6, rtol=1e-4)
 
 
-def test_masked_and_ignored_positions_give_nothing():
-    """Garbage tokens and NaN hidden states at masked or ignored positions change nothing."""
+@pytest.mark.parametrize(("chunk_mb", "name"), [
+    (None, "ppo"), ("0.005", "gspo"), ("0.001", "gspo")])  # tokens, sequences, two-pass
+@pytest.mark.parametrize("softcap", [None, 2.0])
+def test_masked_and_ignored_positions_give_nothing(chunk_mb, name, softcap, monkeypatch):
+    """Garbage tokens and NaN hidden states at masked or ignored positions change nothing,
+    on every path, with or without a soft cap (issue #31 S2: the cap's slope brought the
+    NaN back)."""
+    if chunk_mb is not None:
+        monkeypatch.setenv("RLK_NATIVE_CHUNK_MB", chunk_mb)
     data = _data()
+    options = _options(name, data)
     data["mask"][1, 2] = 0.0
     tokens = data["tokens"].clone()
     tokens[1, 2] = 10_000  # out of range, but masked
@@ -152,19 +169,22 @@ def test_masked_and_ignored_positions_give_nothing():
     hidden[1, 2] = hidden[2, 4] = float("nan")
     h, w = _leaves(hidden, data["weight"])
     loss, metrics = rlk.linear_policy_loss(h, w, tokens, data["old_logp"], data["advantages"],
-                                           data["mask"])
+                                           data["mask"], softcap=softcap, **options)
     loss.backward()
     clean = data["hidden"].clone()
     clean[1, 2] = clean[2, 4] = 0.0
     mask = data["mask"].clone()
     mask[2, 4] = 0.0
-    h2, w2 = _leaves(clean, data["weight"])
-    want_loss, _, _ = _unfused(dict(data, mask=mask, tokens=tokens.clamp(0, 49)), {}, h2, w2)
-    want_loss.backward()
-    _close(loss, want_loss, atol=1e-6)
+    leaves = [t.double().requires_grad_(True) for t in (clean.reshape(-1, 16), data["weight"])]
+    want = reference.linear_policy_loss(
+        *leaves, tokens.clamp(0, 49).reshape(-1), old_logp=data["old_logp"],
+        advantages=data["advantages"], mask=mask, softcap=softcap,
+        **_reference_options(options))
+    want[0].backward()
+    _close(loss, want[0], atol=1e-6)
     assert metrics["logp"][1, 2] == 0 and metrics["logp"][2, 4] == 0
-    assert torch.isfinite(w.grad).all() and (h.grad[1, 2] == 0).all()
-    _close(w.grad, w2.grad, atol=1e-6, rtol=1e-4)
+    _close(h.grad.reshape(-1, 16), leaves[0].grad, atol=1e-6, rtol=1e-4)
+    _close(w.grad, leaves[1].grad, atol=1e-6, rtol=1e-4)
 
 
 def test_flat_hidden_and_upstream_gradient_scale():
@@ -374,3 +394,41 @@ def test_whole_batch_and_per_token_gradients_agree_on_a_chunk(name):
     whole = LossGrads(policy, 0.1, whole_batch=True)(logp, 4, 11)
     for a, b in zip(per_token, whole, strict=True):
         _close(a, b, atol=1e-7, rtol=1e-6)
+
+
+def test_float16_gradients_beyond_its_range_are_inf_exactly_where_float64_is():
+    """Issue #31 F4, the documented contract: gradients come back in the inputs' dtype and
+    overflow as a cast from float64 would (torch's behaviour, which GradScaler detects):
+    +-inf exactly where the float64 gradient rounds past float16's largest value, the
+    float64 values elsewhere. A k3 KL with ref_logp 9 and 13 nats above logp does that."""
+    gen = torch.Generator().manual_seed(5)
+    batch, length, width, vocab = 2, 4, 8, 20
+    hidden = torch.randn(batch, length, width, generator=gen).half()
+    weight = torch.randn(vocab, width, generator=gen).half()
+    tokens = torch.randint(0, vocab, (batch, length), generator=gen)
+    logp = linear_logp_reference.linear_logp_entropy(
+        hidden.reshape(-1, width), weight, tokens.reshape(-1))[0].view(batch, length).float()
+    ref = logp.clone()
+    ref[0, 1] += 13.0
+    ref[1, 2] += 9.0
+    options = {"ref_logp": ref, "kl_coef": 1.0, "kl_estimator": "k3"}
+    advantages, mask = torch.randn(batch, generator=gen), torch.ones(batch, length)
+    h, w = _leaves(hidden, weight)
+    rlk.linear_policy_loss(h, w, tokens, logp, advantages, mask, **options)[0].backward()
+    leaves = [hidden.reshape(-1, width).double().requires_grad_(True),
+              weight.double().requires_grad_(True)]
+    want = reference.linear_policy_loss(*leaves, tokens.reshape(-1), old_logp=logp,
+                                        advantages=advantages, mask=mask,
+                                        **_reference_options(options))
+    want[0].backward()
+    limit = torch.finfo(torch.float16).max
+    for got, expected in ((h.grad.reshape(-1, width), leaves[0].grad), (w.grad, leaves[1].grad)):
+        assert got.dtype == torch.float16
+        over = expected.half().isinf()
+        assert over.any()  # the case is what it claims
+        # no float64 value so near the overflow threshold that float32's error decides it
+        assert not ((expected.abs() > 0.99 * limit) & (expected.abs() < 1.01 * limit)).any()
+        assert torch.equal(got.isinf(), over) and not got.isnan().any()
+        assert torch.equal(got[over].sign(), expected[over].sign().half())
+        _close(got[~over], expected[~over], atol=3e-4, rtol=5e-3)
+

@@ -182,6 +182,32 @@ def test_chunking_does_not_change_results(fresh_rlk):
         rlk.logp(logits, tokens)
 
 
+@pytest.mark.parametrize("op", ["logp", "logp_entropy", "entropy"])
+def test_torch_compile_fullgraph_with_out(op):
+    """Issue #31 regression: the out= overlap check called torch's is_fake, which dynamo
+    refuses to trace ("Attempted to call function marked as skipped")."""
+    logits, tokens = _data(4, 6, vocab=64)
+
+    def call(x, *out):
+        if op == "entropy":
+            return rlk.entropy(x, out=out[0])
+        if op == "logp":
+            return rlk.logp(x, tokens, out=out[0])
+        return rlk.logp_entropy(x, tokens, out=out)
+
+    def buffers():
+        return tuple(torch.empty(4, 6) for _ in range(2 if op == "logp_entropy" else 1))
+
+    eager, compiled = buffers(), buffers()
+    want = call(logits, *eager)
+    got = torch.compile(call, fullgraph=True, backend="aot_eager")(logits, *compiled)
+    for value, expected, buffer in zip(
+            got if isinstance(got, tuple) else (got,),
+            want if isinstance(want, tuple) else (want,), compiled, strict=True):
+        torch.testing.assert_close(value, expected)
+        torch.testing.assert_close(buffer, expected)
+
+
 def test_torch_compile_fullgraph_matches_eager():
     logits, tokens = _data(4, 6, vocab=64)
     temperature = torch.rand(4, 6, generator=GEN) + 0.5

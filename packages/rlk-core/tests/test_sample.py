@@ -79,6 +79,22 @@ def test_greedy_takes_the_first_maximum_and_ignores_filters():
     assert torch.equal(result.logp, rlk.logp(logits, result.tokens))
 
 
+@pytest.mark.parametrize("temperature", [2.0**-126, 1e-30, 1e-6])
+def test_tied_maxima_at_a_tiny_temperature_share_the_mass(temperature):
+    """Issue #31 F3: at T = 2^-126 the float64 reference divided before shifting, and the
+    log of the tie count vanished in the rounding of x / T (0.0 where -log 2 is right)."""
+    logits = torch.randn(6, 30, generator=torch.Generator().manual_seed(3))
+    top = logits.amax(dim=1)
+    logits[:, 7] = top
+    logits[:3, 19] = top[:3]  # rows 0-2: two tokens tied at the max; rows 3-5: one
+    ties = (logits == logits.amax(dim=1, keepdim=True)).sum(dim=1).double()
+    want = reference.sample_log_probs(logits, temperature=temperature)
+    torch.testing.assert_close(want.max(dim=1).values, -ties.log(), rtol=0, atol=1e-12)
+    result = rlk.sample(logits, temperature=temperature, seed=_seeds(6))
+    picked = want.gather(1, result.tokens.unsqueeze(1)).squeeze(1)
+    torch.testing.assert_close(result.processed_logp.double(), picked, rtol=0, atol=1e-6)
+
+
 def test_a_rows_result_depends_only_on_its_logits_and_seed():
     logits, seeds = _logits(12, 200), _seeds(12)
     full = rlk.sample(logits, seed=seeds, top_p=0.95, top_k=50)

@@ -66,8 +66,9 @@ __global__ void soft_cap_kernel(SoftCapArgs a) {
   for (int64_t j = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; j < a.C;
        j += static_cast<int64_t>(gridDim.y) * blockDim.x) {
     if (CHAIN) {
-      const float v = x[j];
-      g[j] = from_float<O>(to_float(g[j]) * (1.0f - v * v) * inv_cap);
+      // a zero gradient stays zero: an ignored row's logits may be NaN (a NaN hidden state)
+      const float v = x[j], d = to_float(g[j]);
+      if (d != 0.f) g[j] = from_float<O>(d * (1.0f - v * v) * inv_cap);
     } else {
       x[j] = tanhf(x[j] * inv_cap);
     }

@@ -159,17 +159,21 @@ def test_softcap_temperature_and_scale_through_the_public_op(
         assert (leaf.grad.double() - expected).abs().max() < gtol * scale
 
 
-def test_nan_hidden_state_in_an_ignored_row_gives_no_weight_gradient() -> None:
-    """Issue #19 item 7 on cuda: 0 * NaN in the weight-gradient GEMM."""
+@pytest.mark.parametrize("softcap", [None, 4.0])
+def test_nan_hidden_state_in_an_ignored_row_gives_no_weight_gradient(softcap: float | None,
+                                                                      ) -> None:
+    """Issue #19 item 7 on cuda: 0 * NaN in the weight-gradient GEMM; issue #31 S2: the soft
+    cap's chain rule turned the ignored row's zero gradient into NaN."""
     import rlk
 
     hidden, weight, tokens = _head(64, 32, 500, torch.bfloat16)
     tokens[3] = -100
     hidden[3] = float("nan")
-    w = weight.clone().requires_grad_(True)
+    h, w = (t.clone().requires_grad_(True) for t in (hidden, weight))
     with rlk.use_backends("cuda", strict=True):
-        rlk.linear_logp(hidden, w, tokens).sum().backward()
-    assert torch.isfinite(w.grad).all()
+        rlk.linear_logp(h, w, tokens, softcap=softcap).sum().backward()
+    assert torch.isfinite(w.grad).all() and torch.isfinite(h.grad).all()
+    assert (h.grad[3] == 0).all()
 
 
 def test_zero_width_hidden_gives_the_bias_softmax() -> None:

@@ -70,31 +70,43 @@ def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
     ("1", 300, "gspo", "two-pass"),
     ("1", 64, "tis-seq-sum", "tokens"),
 ])
+@pytest.mark.parametrize("softcap", [None, 3.0])
 def test_paths_against_float64(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype,
                                chunk_mb: str | None, length: int, name: str, path: str,
-                               entropy_coef: float) -> None:
+                               entropy_coef: float, softcap: float | None) -> None:
+    """Every path with and without a soft cap, trained and under no_grad (issue #31 S1: the
+    two-pass and no-grad forwards applied the cap twice)."""
     if chunk_mb is not None:
         monkeypatch.setenv("RLK_CUDA_CHUNK_MB", chunk_mb)
     data = _data(4, length, 64, 1300, dtype)
+    data["mask"][1, 5] = 0.0
+    data["hidden"][1, 5] = float("nan")  # masked: no trace in the loss or the gradients
     options = _options(name, data)
     args = (data["tokens"], data["old_logp"], data["advantages"], data["mask"])
     leaves = [t.clone().requires_grad_(True) for t in (data["hidden"], data["weight"])]
     with rlk.use_backends("cuda", strict=True):
         plan = rlk.explain("linear_policy_loss", *leaves, *args, entropy_coef=entropy_coef,
-                           temperature=0.9, **options).plan
+                           temperature=0.9, softcap=softcap, **options).plan
         loss, metrics = rlk.linear_policy_loss(*leaves, *args, entropy_coef=entropy_coef,
-                                               temperature=0.9, **options)
+                                               temperature=0.9, softcap=softcap, **options)
         loss.backward()
+        with torch.no_grad():
+            no_grad = rlk.linear_policy_loss(*leaves, *args, entropy_coef=entropy_coef,
+                                             temperature=0.9, softcap=softcap, **options)
     assert plan.startswith(f"{path}:")
-    assert ("read once" in plan) == (entropy_coef == 0.0 and path != "two-pass")
-    f64 = [t.detach().double().requires_grad_(True) for t in (data["hidden"], data["weight"])]
+    read_once = entropy_coef == 0.0 and path != "two-pass" and softcap is None
+    assert ("read once" in plan) == read_once
+    clean = data["hidden"].clone()
+    clean[1, 5] = 0.0
+    f64 = [t.detach().double().requires_grad_(True) for t in (clean, data["weight"])]
     want = reference.linear_policy_loss(
         f64[0].reshape(-1, 64), f64[1], data["tokens"].reshape(-1), old_logp=data["old_logp"],
-        advantages=data["advantages"], mask=data["mask"], temperature=0.9,
+        advantages=data["advantages"], mask=data["mask"], temperature=0.9, softcap=softcap,
         entropy_coef=entropy_coef, **_reference_options(options))
     want[0].backward()
-    assert abs(float(loss) - float(want[0])) <= 1e-5 * max(1.0, abs(float(want[0])))
-    assert (metrics["logp"].reshape(-1).double() - want[2]).abs().max() < 1e-4
+    for got_loss, got in ((loss, metrics), no_grad):
+        assert abs(float(got_loss) - float(want[0])) <= 1e-5 * max(1.0, abs(float(want[0])))
+        assert (got["logp"].reshape(-1).double() - want[2]).abs().max() < 1e-4
     limit = 1e-4 if dtype == torch.float32 else 2e-2  # bf16 gradients: a few roundings
     assert _relative(leaves[0].grad, f64[0].grad) < limit
     assert _relative(leaves[1].grad, f64[1].grad) < limit
@@ -338,3 +350,30 @@ def test_relative_probs_segments_change_the_schedule_not_the_result(
     monkeypatch.setattr(ext, "relative_probs_segments", lambda V: 65)
     with pytest.raises(RuntimeError, match="nseg must be within"):
         run()
+
+
+@pytest.mark.parametrize("backend", ["cuda", "native"])
+def test_float16_overflow_is_signalled_wherever_float64_overflows(backend: str) -> None:
+    """Issue #31 F4 on a GPU: float16 GEMM operands round the logits gradient to float16, so
+    an overflow may spread along its row (docs/ops/linear_policy_loss.md); every entry whose
+    float64 gradient is past float16's range is non-finite, and the finite ones are right."""
+    data = _data(2, 64, 64, 1300, torch.float16, seed=3)
+    ref = data["old_logp"].clone()
+    ref[0, 5] += 17.0  # a k3 KL gradient of e^17 / ~100 tokens at one token
+    options = {"ref_logp": ref, "kl_coef": 1.0, "kl_estimator": "k3"}
+    args = (data["tokens"], data["old_logp"], data["advantages"], data["mask"])
+    leaves = [t.clone().requires_grad_(True) for t in (data["hidden"], data["weight"])]
+    with rlk.use_backends(backend, strict=True):
+        rlk.linear_policy_loss(*leaves, *args, **options)[0].backward()
+    f64 = [t.detach().double().requires_grad_(True) for t in (data["hidden"], data["weight"])]
+    want = reference.linear_policy_loss(
+        f64[0].reshape(-1, 64), f64[1], data["tokens"].reshape(-1), old_logp=data["old_logp"],
+        advantages=data["advantages"], mask=data["mask"], **_reference_options(options))
+    want[0].backward()
+    for got, expected in ((leaves[0].grad.reshape(-1, 64), f64[0].grad), (leaves[1].grad,
+                                                                          f64[1].grad)):
+        over = expected.half().isinf()
+        assert over.any() and not got.isfinite()[over].any()
+        fine = got.isfinite()
+        torch.testing.assert_close(got[fine].double(), expected[fine], atol=3e-4, rtol=5e-3)
+

@@ -95,6 +95,22 @@ def test_greedy_and_special_rows() -> None:
     assert torch.equal(lp[[0, 1, 4]], same)
 
 
+@pytest.mark.parametrize("temperature", [2.0**-126, 1e-40, 1e-30])
+@pytest.mark.parametrize(("top_k", "top_p"), [(0, 1.0), (40, 0.9)])  # plain draw; filtered
+def test_tied_maxima_at_a_tiny_temperature_share_the_mass(temperature: float, top_k: int,
+                                                          top_p: float) -> None:
+    """Issue #31 F3: any T > 0 splits the mass among the maxima (processed_logp -log n),
+    also below 2^-126, where 1 / T overflows float32 (1e-40 is a float32 subnormal)."""
+    logits = _logits(6, 3000, torch.float32, seed=7)
+    top = logits.amax(dim=1)
+    logits[:, 11] = top
+    logits[:3, 2900] = top[:3]  # rows 0-2: two maxima; rows 3-5: one
+    ties = (logits == logits.amax(dim=1, keepdim=True)).sum(dim=1)
+    tokens, _, plp = sample(logits, temperature, top_k, top_p, 0.0, torch.arange(6, device="cuda"))
+    assert (logits.gather(1, tokens.unsqueeze(1)).squeeze(1) == top).all()
+    torch.testing.assert_close(plp, -ties.float().log(), rtol=0, atol=1e-6)
+
+
 def test_seed_determinism_and_batch_invariance() -> None:
     logits = _logits(32, 151936, torch.bfloat16, seed=4)
     seeds = torch.randint(0, 2**62, (32,), device="cuda")

@@ -176,8 +176,8 @@ def forward(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
     device_of("hidden", hidden)  # before any collective: a CPU call fails here, on every rank
     ops = CudaChunkOps(hidden, weight, bias, softcap, group,
                        one_read=_one_read(weight, softcap, group, entropy_coef))
-    return loop.run(ops, tokens, lm_head.kernel_temperature(temperature, softcap),
-                    ignore_index, entropy_coef, policy, needs_input_grad)
+    return loop.run(ops, tokens, temperature, ignore_index, entropy_coef, policy,
+                    needs_input_grad)
 
 
 def scale_rows(src: Tensor, factor: Tensor, out: Tensor) -> Tensor:

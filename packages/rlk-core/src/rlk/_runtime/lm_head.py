@@ -73,9 +73,12 @@ def soft_cap_(logits: Tensor, softcap: float | None) -> Tensor:
     return logits
 
 
-def soft_cap_slope(capped: Tensor, softcap: float) -> Tensor:
-    """d(tanh(u / c)) / du from x = tanh(u / c): (1 - x^2) / c, as a new tensor."""
-    return capped.square().neg_().add_(1.0).div_(softcap)
+def soft_cap_slope(capped: Tensor, softcap: float, ignored: Tensor | None = None) -> Tensor:
+    """d(tanh(u / c)) / du from x = tanh(u / c): (1 - x^2) / c, as a new tensor; 0 on the
+    `ignored` rows ([rows] bool), whose hidden state may be NaN and whose gradient is 0
+    (without them, a NaN there turns the rows' zero gradient into NaN)."""
+    slope = capped.square().neg_().add_(1.0).div_(softcap)
+    return slope if ignored is None else slope.masked_fill_(ignored.unsqueeze(1), 0.0)
 
 
 def kernel_temperature(temperature: Temperature, softcap: float | None) -> Temperature:

@@ -23,9 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.autograd.forward_ad as forward_ad
 from torch import Tensor
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
+from rlk._runtime.autograd_modes import no_double_backward, refuse_dual, refuse_transforms
 from rlk._runtime.contract import BoundKernel
 from rlk._runtime.signature import KernelArgs, Signature
 from rlk.dispatch import Policy, ScopedPolicy, captured_policy
@@ -115,7 +117,7 @@ def define(spec: Any) -> Any:
                                  schema=operator.signature.schema(returns))
     op.register_fake(fake)
     if operator.grad_outputs:
-        _register_scaling(op, operator)
+        _register_scaling(op, operator, spec.name)
     elif operator.backward is not None:
         _register_backward(spec, op, _backward_operator(spec), produced)
     return op
@@ -191,9 +193,15 @@ def _backward_operator(spec: Any) -> Any:
         return [anchor.new_empty(0) if values[pos] is None else torch.empty_like(values[pos])
                 for pos in positions]
 
+    def refuse(ctx: Any, *grads: Any) -> Any:
+        raise RuntimeError(no_double_backward(spec.name))
+
     op = torch.library.custom_op(f"rlk::{spec.name}_backward", backward, mutates_args=(),
                                  schema=schema)
     op.register_fake(fake)
+    # differentiating a gradient again reaches this node (its inputs are the op's): the
+    # refusal names the op, as on the eager path
+    op.register_autograd(refuse, setup_context=lambda ctx, inputs, output: None)
     return op
 
 
@@ -235,7 +243,7 @@ def _register_backward(spec: Any, op: Any, backward_op: Any, produced: tuple[int
     op.register_autograd(grad, setup_context=setup)
 
 
-def _register_scaling(op: Any, operator: Operator) -> None:
+def _register_scaling(op: Any, operator: Operator, name: str) -> None:
     """Autograd of an operator returning its own gradients: they are scaled by the upstream
     gradient of its first output (out of place: they are the operator's outputs)."""
     positions = [operator.signature.position(name) for name in operator.grad_inputs]
@@ -243,9 +251,18 @@ def _register_scaling(op: Any, operator: Operator) -> None:
 
     def setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
         ctx.save_for_backward(*(output[i] for i in operator.grad_outputs))
+        ctx.set_materialize_grads(False)
+        ctx.rlk_name = name
 
-    def grad(ctx: Any, grad_first: Tensor, *unused: Tensor) -> tuple[Tensor | None, ...]:
+    def grad(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
+        # the gradient outputs get an upstream gradient only when a gradient (saved * g)
+        # is differentiated again: their own derivative is not known
+        if any(grads[i] is not None for i in operator.grad_outputs):
+            raise RuntimeError(no_double_backward(ctx.rlk_name))
+        grad_first = grads[0]
         result: list[Tensor | None] = [None] * width
+        if grad_first is None:
+            return tuple(result)
         for pos, saved in zip(positions, ctx.saved_tensors, strict=True):
             if ctx.needs_input_grad[pos]:
                 result[pos] = saved * grad_first
@@ -276,7 +293,12 @@ def run(spec: Any, args: KernelArgs) -> Any:
     """Run an op on its validated kernel arguments (see the module docstring); returns the
     kernel's outputs (less `grad_outputs`)."""
     operator: Operator = spec.operator
+    compiling = torch.compiler.is_compiling()  # dynamo cannot trace the checks below
+    if forward_ad._current_level >= 0 and not compiling:  # inside a dual_level
+        refuse_dual(spec.name, args)
     if traced(args):
+        if not compiling:
+            refuse_transforms(spec.name)
         result = spec.torch_op(*operator.signature.encode(args))
         return _as_kernel_outputs(operator, result)
     kernel_args = args if operator.kernel_arguments is None else operator.kernel_arguments(args)
@@ -349,6 +371,7 @@ class _KernelFunction(torch.autograd.Function):
     def forward(ctx: Any, call: _Call, *inputs: Tensor | None) -> Any:
         operator = call.operator
         args = dict(call.args)
+        given = dict(call.args)
         for name in operator.grad_inputs:
             value = args[name]
             if value is not None:
@@ -369,7 +392,9 @@ class _KernelFunction(torch.autograd.Function):
             for name, value in args.items():
                 if isinstance(value, Tensor):
                     names.append(name)
-                    tensors.append(value)
+                    # the caller's grad inputs, attached: a create_graph backward ties its
+                    # refusal to them (_backward_refusing_double)
+                    tensors.append(given[name] if name in operator.grad_inputs else value)
             for name in names:
                 args[name] = None  # the tensors live in saved_tensors only
             for index, name in operator.saved_outputs:
@@ -399,7 +424,7 @@ def _backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
     assert operator.backward is not None
     args = dict(call.args)
     for name, value in zip(call.names, ctx.saved_tensors, strict=True):
-        args[name] = value
+        args[name] = value.detach() if value is not None else None
     if operator.kernel_arguments is not None:
         args = operator.kernel_arguments(args)
     with ScopedPolicy(call.policy), _autocast_off(operator, call.device):
@@ -415,21 +440,33 @@ def _in_dtypes(grads: Grads, dtypes: tuple[torch.dtype | None, ...]) -> Grads:
 
 def _backward_refusing_double(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
     """The backward under create_graph=True: kernels have no double backward, so the
-    gradients come back attached to a node that raises when they are differentiated.
+    gradients come back from a node that raises when they are differentiated.
 
-    Always, unlike once_differentiable, which does so only when an upstream gradient
-    requires grad: the gradients depend on the saved inputs, so a gradient taken as a
-    constant would make second-order terms silently wrong.
+    The node takes the op's inputs too, so that differentiating a gradient with respect to
+    anything upstream of them runs it (a node tied only to detached gradients was skipped,
+    and the second-order term silently dropped next to other differentiable terms). An op
+    whose kernel computed its gradients in the forward saved no inputs to tie them to: it
+    raises at once. Unlike once_differentiable, which refuses only when an upstream
+    gradient requires grad, this never passes a gradient that depends on the inputs as a
+    constant.
     """
+    call: _Call = ctx.call
+    operator = call.operator
+    name = call.kernel.kernel.op
+    if call.state is not None:
+        raise RuntimeError(no_double_backward(name) + "; it computes its gradients in the "
+                           "forward, so a create_graph=True backward through it is refused")
     with torch.no_grad():
         outputs = _backward(ctx, *grads)
-    op = ctx.call.kernel.kernel.op
-    refuse: Any = torch._C._functions.DelayedError(
-        f"rlk.{op} has no double backward: its kernels' gradient is not differentiable "
-        "(create_graph=True gives a gradient that cannot be differentiated again)".encode(),
-        len(outputs))
-    return refuse(*(None if grad is None else grad.detach().requires_grad_(True)
-                    for grad in outputs))
+    inputs = [value for key, value in zip(call.names, ctx.saved_tensors, strict=True)
+              if key in operator.grad_inputs and value is not None and value.requires_grad]
+    refuse: Any = torch._C._functions.DelayedError(no_double_backward(name).encode(),
+                                                   len(outputs) + len(inputs))
+    tied = refuse(*(None if grad is None else grad.detach().requires_grad_(True)
+                    for grad in outputs), *inputs)
+    return tuple(tied[:len(outputs)])
+
+
 # Function.apply's Python layer unwraps functorch wrappers and binds defaults; a call that
 # reaches the eager path has neither (functorch transforms take the torch operator).
 _apply = super(torch.autograd.Function, _KernelFunction).apply

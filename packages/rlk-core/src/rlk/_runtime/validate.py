@@ -143,10 +143,12 @@ def _byte_span(value: torch.Tensor) -> tuple[int, int]:
 
 def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two tensors may touch the same bytes (conservatively: overlapping spans
-    of one storage). Meta and fake tensors hold no memory and never share it."""
+    of one storage). Meta and fake tensors hold no memory and never share it; while
+    torch.compile traces, storages cannot be compared (nor `is_fake` called: dynamo skips
+    it), and the traced graph's functionalization owns out='s aliasing."""
     if a.device != b.device or a.numel() == 0 or b.numel() == 0:
         return False
-    if _symbolic(a) or _symbolic(b):
+    if not readable(a, b):
         return False
     if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False

@@ -16,7 +16,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rlk import config
 from rlk._runtime import shards, validate
 from rlk._runtime import temperature as temperatures
 from rlk._runtime.contract import BoundKernel, Out
@@ -48,7 +47,7 @@ def _prepare(logits: Tensor, tokens: Tensor, group: Any, temperature: Temperatur
     validate.integer("ignore_index", ignore_index)
     flat_tokens = tokens.reshape(-1).to(torch.int64)
     temp = temperatures.prepare(temperature, lead, logits, "logits")
-    if config.checking_inputs():
+    if validate.value_checks(flat_tokens):
         shards.check_tokens(flat_tokens, shards.layout(logits.shape[-1], group,
                                                        logits.device).total, ignore_index)
     args = {"logits": logits.reshape(-1, logits.shape[-1]), "tokens": flat_tokens,

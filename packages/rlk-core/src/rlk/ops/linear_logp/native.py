@@ -121,7 +121,8 @@ def backward(grad_logp: Tensor, grad_entropy: Tensor | None, hidden: Tensor, wei
     for start, stop in _chunks(rows, vocab + int(sharded)):
         chunk = hidden[start:stop]
         logits = _logits(chunk, operand, bias, softcap, pad=sharded)
-        slope = None if softcap is None else lm_head.soft_cap_slope(logits[:, :vocab], softcap)
+        slope = None if softcap is None else lm_head.soft_cap_slope(
+            logits[:, :vocab], softcap, codes[start:stop] == kernel_ignore)
         temp = _slice(temperature, start, stop)
         chunk_entropy = None if entropy is None else entropy[start:stop]
         kernel = kernel or _logp_kernel(logits, codes[start:stop], temp, kernel_ignore,

@@ -12,7 +12,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlk import config
 from rlk._runtime import head, kernel_checks, shards, validate
 from rlk._runtime.contract import BoundKernel, Out
 from rlk._runtime.operator import Grads, Operator
@@ -36,7 +35,7 @@ def _prepare(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None
     validate.integer("ignore_index", ignore_index)
     shards.group_name(group)
     flat_tokens = tokens.reshape(-1).to(torch.int64)
-    if config.checking_inputs():
+    if validate.value_checks(flat_tokens):
         _check_ranges(flat_tokens, weight, ignore_index, group)
     args = {
         "hidden": prepared.hidden,

@@ -158,7 +158,8 @@ class ChunkOps:
         """d loss / d (raw logits) of the chunk, in the GEMM operand dtype."""
         vocab = self.weight.shape[0]
         slope = (None if self.softcap is None
-                 else lm_head.soft_cap_slope(logits[:, :vocab], self.softcap))
+                 else lm_head.soft_cap_slope(logits[:, :vocab], self.softcap,
+                                             tokens == ignore_index))
         kernel = self._logp_kernel(logits, tokens, temperature, ignore_index)
         grad = kernel.backward(grad_logp, grad_entropy, logits, tokens, temperature,
                                ignore_index, None, lse, entropy, True)[:, :vocab]
@@ -316,7 +317,11 @@ def _grad_codes(ops: ChunkOps, tokens: Tensor, ignore_index: int) -> tuple[Tenso
 def run(ops: ChunkOps, tokens: Tensor, temperature: Temperature, ignore_index: int,
         entropy_coef: float, policy: Mapping[str, Any],
         needs_input_grad: tuple[bool, bool, bool]) -> tuple[Tensor, ...]:
-    """The kernel contract of linear_policy_loss's forward (see rlk.ops.linear_policy_loss.op)."""
+    """The kernel contract of linear_policy_loss's forward (see rlk.ops.linear_policy_loss.op).
+
+    `temperature` is the op's (before the soft cap folds into it): the two-pass path hands
+    it to the linear_logp_entropy kernels, which fold the cap themselves; the chunk loop
+    gives `ops` the kernels' temperature (rlk.backend.lm_head.kernel_temperature)."""
     hidden, weight, bias = ops.hidden, ops.weight, ops.bias
     want_h, want_w, want_b = needs_input_grad
     want_b = want_b and bias is not None
@@ -330,6 +335,7 @@ def run(ops: ChunkOps, tokens: Tensor, temperature: Temperature, ignore_index: i
     if path == TWO_PASS or not (want_h or want_w or want_b):
         return _two_pass(ops, tokens, temperature, ignore_index, grads_of,
                          (want_h, want_w, want_b))
+    temperature = lm_head.kernel_temperature(temperature, ops.softcap)
     step = ops.chunk_rows() if path == TOKENS else max(1, ops.chunk_rows() // length) * length
     grads = Grads(
         hidden=torch.empty(hidden.shape, **f32) if want_h else None,

@@ -8,7 +8,6 @@ from typing import Any
 import torch.distributed as dist
 from torch import Tensor
 
-from rlk._runtime import lm_head
 from rlk._runtime.temperature import Temperature
 from rlk.ops.linear_policy_loss.loop import ChunkOps, choose_path, describe, run
 
@@ -18,8 +17,7 @@ def forward(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
             softcap: float | None, entropy_coef: float, policy: Mapping[str, Any],
             needs_input_grad: tuple[bool, bool, bool]) -> tuple[Tensor, ...]:
     ops = ChunkOps(hidden, weight, bias, softcap, group)
-    return run(ops, tokens, lm_head.kernel_temperature(temperature, softcap), ignore_index,
-               entropy_coef, policy, needs_input_grad)
+    return run(ops, tokens, temperature, ignore_index, entropy_coef, policy, needs_input_grad)
 
 
 def plan(hidden: Tensor, weight: Tensor, policy: Mapping[str, Any], **_: Any) -> str:

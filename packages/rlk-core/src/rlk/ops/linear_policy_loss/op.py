@@ -16,7 +16,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlk import config
 from rlk._runtime import head, kernel_checks, shards, validate
 from rlk._runtime.contract import BoundKernel, Out, attribute
 from rlk._runtime.operator import Grads, Operator
@@ -94,7 +93,7 @@ def _prepare(hidden: Tensor, weight: Tensor, tokens: Tensor, old_logp: Tensor,
     policy = _policy(old_logp, advantages, mask, flat, ignore_index, options)
     # masked positions are ignored rows: logp 0, no gradient, garbage tokens harmless
     kernel_tokens = torch.where(policy["mask"].reshape(-1), flat, ignore_index)
-    if config.checking_inputs():
+    if validate.value_checks(kernel_tokens):
         total = weight.shape[0]
         if group is not None:
             total = shards.layout(weight.shape[0], group, weight.device).total

@@ -23,7 +23,8 @@ def sample_log_probs(
     smallest prefix, in descending order, whose mass reaches top_p; ties with its
     last token kept), min-p (p >= min_p * max p). -inf outside the kept set; rows
     without a valid token (NaN, +inf, all -inf) are NaN. Temperature 0 is a point
-    mass on the first most likely token.
+    mass on the first most likely token; any temperature > 0 splits the mass among
+    tokens tied at the max.
     """
     x = logits.detach().to(torch.float64)
     rows, vocab = x.shape
@@ -36,7 +37,10 @@ def sample_log_probs(
         if temperature == 0.0:
             out[row, int(values.argmax())] = 0.0
             continue
-        values = values / temperature
+        # shifted by the max first: at a tiny temperature x / T is so large that the log of
+        # the tied top tokens' count vanishes in its rounding (ties at the max share the
+        # mass for every T > 0: -log(count), not greedy's 0)
+        values = (values - values.max()) / temperature
         keep = torch.ones(vocab, dtype=torch.bool, device=values.device)
         if 0 < top_k < vocab:
             keep &= values >= values.sort(descending=True).values[top_k - 1]

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import hypothesis
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -166,10 +167,10 @@ def heads(draw: Any, rows: tuple[int, ...] = (0, 1, 3, 8),
 
 @st.composite
 def loss_options(draw: Any, objectives: tuple[str, ...] = ("ppo", "cispo", "vespo"),
-                 bias_corrected_k3: bool = False) -> Any:
+                 bias_corrected: bool = False) -> Any:
     """PolicyLossOptions over every objective, ratio level, KL estimator, aggregation and
-    normaliser. `bias_corrected_k3` draws only k3 with kl_bias_correction (its own regime);
-    otherwise that one pair is left out."""
+    normaliser; kl_bias_correction on every draw with `bias_corrected` (its own regime),
+    off otherwise."""
     from rlk.ops.policy_loss.options import PolicyLossOptions
 
     objective = draw(st.sampled_from(objectives))
@@ -182,16 +183,11 @@ def loss_options(draw: Any, objectives: tuple[str, ...] = ("ppo", "cispo", "vesp
         "ratio_level": "token" if objective == "vespo" else draw(
             st.sampled_from(["token", "sequence", "sequence-token"])),
         "kl_coef": draw(st.sampled_from([0.0, 0.04, 1.0])),
+        "kl_estimator": draw(st.sampled_from(["k1", "k2", "k3", "abs", "k1+", "k3+", "abs+"])),
         "kl_clamp": draw(st.sampled_from([None, 10.0, 0.05])),
+        "kl_bias_correction": bias_corrected,
         "scale": draw(st.sampled_from([1.0, 0.25])),
     }
-    if bias_corrected_k3:
-        chosen.update(kl_estimator="k3", kl_bias_correction=True,
-                      kl_coef=draw(st.sampled_from([0.04, 1.0])))
-    else:
-        chosen["kl_estimator"] = draw(st.sampled_from(["k1", "k2", "k3", "abs", "k1+", "k3+",
-                                                       "abs+"]))
-        chosen["kl_bias_correction"] = chosen["kl_estimator"] != "k3" and draw(st.booleans())
     if objective == "ppo":
         chosen["dual_clip"] = draw(st.sampled_from([None, 1.5, 3.0]))
         chosen["ratio_cap"] = draw(st.sampled_from([None, 1.5]))
@@ -241,9 +237,15 @@ def loss_inputs(draw: Any, options: Any, batch: int,
     return logp, tensors
 
 
+def in_range(truth: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The float64 truth as a result in `dtype` can hold it: beyond the dtype's largest
+    finite value, rounding gives ±inf (a float16 gradient of 7e4 is inf, as torch's own)."""
+    beyond = truth.abs() > torch.finfo(dtype).max
+    return truth.masked_fill(beyond, float("inf")).copysign(truth) if bool(beyond.any()) \
+        else truth
+
+
 def known(item: str, branch: str) -> Any:
     """xfail (not strict) for a sub-case where issue #31 found wrong answers that another
     branch fixes: the mark comes off once that branch is merged."""
-    import pytest
-
     return pytest.mark.xfail(strict=False, reason=f"issue #31 {item}: fixed on {branch}")

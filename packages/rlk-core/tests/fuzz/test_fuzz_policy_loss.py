@@ -13,6 +13,7 @@ import torch
 from fuzzing import (
     fuzz,
     generator,
+    in_range,
     known,
     loss_inputs,
     loss_options,
@@ -35,8 +36,8 @@ DTYPES = st.sampled_from([torch.float32, torch.float32, torch.bfloat16, torch.fl
 REGIMES = {
     "ppo-cispo-vespo": {"objectives": ("ppo", "cispo", "vespo")},
     "sapo": {"objectives": ("sapo",)},
-    "k3-bias-corrected": {"objectives": ("ppo", "cispo", "sapo", "vespo"),
-                          "bias_corrected_k3": True},
+    "bias-corrected-kl": {"objectives": ("ppo", "cispo", "sapo", "vespo"),
+                          "bias_corrected": True},
 }
 
 
@@ -55,7 +56,7 @@ def loss_calls(draw, regime: str, batch_sizes=(0, 1, 3, 6), lengths=(1, 5, 12)):
 @pytest.mark.parametrize("regime", [
     "ppo-cispo-vespo",
     pytest.param("sapo", marks=known("S8/F1", "w/lossmath")),
-    pytest.param("k3-bias-corrected", marks=known("S3", "w/lossmath"))])
+    pytest.param("bias-corrected-kl", marks=known("S3 and item 1's KL audit", "w/lossmath"))])
 @fuzz(data=st.data())
 def test_policy_loss_against_float64(regime, data):
     tally("policy_loss")
@@ -79,7 +80,8 @@ def test_policy_loss_against_float64(regime, data):
     if want_loss.requires_grad:
         (want_grad,) = torch.autograd.grad(want_loss, truth_leaf)
     assert spec.grad_tolerances is not None
-    assert_matches("grad_logp", grad, want_grad, spec.grad_tolerances[logp.dtype])
+    assert_matches("grad_logp", grad, in_range(want_grad, logp.dtype),
+                   spec.grad_tolerances[logp.dtype])
     masked = tensors["mask"] == 0
     assert not bool(grad.cpu()[masked].any()), "a gradient at a masked position"
 
@@ -121,4 +123,5 @@ def test_token_kl_against_float64(call):
     (want_grad,) = torch.autograd.grad(want, truth_leaf, upstream.double())
     assert grad.dtype == logp.dtype
     assert spec.grad_tolerances is not None
-    assert_matches("grad_logp", grad, want_grad, spec.grad_tolerances[logp.dtype])
+    assert_matches("grad_logp", grad, in_range(want_grad, logp.dtype),
+                   spec.grad_tolerances[logp.dtype])

@@ -66,9 +66,9 @@ def test_sample_draws_from_the_reference_distribution(regime, data):
         want = float(truth[row, token])
         assert abs(float(processed[row]) - want) <= 2e-5 + 1e-5 * abs(want), \
             f"row {row}: processed_logp {float(processed[row])}, expected {want}"
-    valid = tokens >= 0
-    expected = rlk.logp(logits, torch.where(valid, tokens, 0),
-                        temperature=options["temperature"] or 1.0)
+    valid = tokens >= 0  # logp is rlk.logp's on the same device, bit for bit
+    expected = rlk.logp(device_logits, on_device(torch.where(valid, tokens, 0)),
+                        temperature=options["temperature"] or 1.0).cpu()
     assert_bitwise_equal("logp", logp[valid], expected[valid])
     if isinstance(seed, torch.Tensor) and logits.shape[0] > 1:  # rows alone, their own seeds
         part = torch.randperm(logits.shape[0], generator=generator(data.draw))[:2]

@@ -87,10 +87,10 @@ def test_policy_loss_against_float64(regime, data):
 
 
 @st.composite
-def kl_calls(draw):
+def kl_calls(draw, spreads: tuple[float, ...]):
     gen = generator(draw)
     shape = draw(st.sampled_from([(0,), (1,), (7,), (3, 5), (2, 3, 4)]))
-    spread = draw(st.sampled_from([0.01, 0.5, 3.0, 12.0]))
+    spread = draw(st.sampled_from(spreads))
     logp = -torch.rand(shape, generator=gen) * 4
     ref = logp + torch.randn(shape, generator=gen) * spread
     dtype, ref_dtype = draw(DTYPES), draw(DTYPES)
@@ -100,10 +100,18 @@ def kl_calls(draw):
     return logp.to(dtype), ref.to(ref_dtype), settings
 
 
-@fuzz(call=kl_calls())
-def test_token_kl_against_float64(call):
+# log ratios past ~16: k3's exp(-delta) carries delta's float32 rounding, |delta| * 2**-24
+# relative, past the spec's rtol of 1e-6 (found by the long run; not in issue #31)
+KL_SPREADS = {"usual": (0.01, 0.5, 3.0), "extreme": (12.0,)}
+
+
+@pytest.mark.parametrize("spreads", [
+    "usual", pytest.param("extreme", marks=known("item 1's KL audit (k3 at |delta| > 16, "
+                                                 "new)", "w/lossmath"))])
+@fuzz(data=st.data())
+def test_token_kl_against_float64(spreads, data):
     tally("token_kl")
-    logp, ref, settings = call
+    logp, ref, settings = data.draw(kl_calls(KL_SPREADS[spreads]))
     spec = specs()["token_kl"]
     leaf = on_device(logp).clone().requires_grad_(True)
     device_ref = on_device(ref)

@@ -215,12 +215,14 @@ def needs_ref(options: Any) -> bool:
 
 
 @st.composite
-def loss_inputs(draw: Any, options: Any, batch: int,
-                length: int) -> tuple[torch.Tensor, dict[str, Any]]:
+def loss_inputs(draw: Any, options: Any, batch: int, length: int,
+                spreads: tuple[float, ...] = (0.01, 0.3, 1.5, 6.0)
+                ) -> tuple[torch.Tensor, dict[str, Any]]:
     """logp and the tensors of a policy-loss call for `options` (ref_logp when its KL needs
-    one), with log ratios from near 0 to the extremes where cancellation shows."""
+    one), with log ratios of standard deviation `spreads`: from near 0 to the extremes
+    where cancellation shows."""
     gen = generator(draw)
-    spread = draw(st.sampled_from([0.01, 0.3, 1.5, 6.0]))
+    spread = draw(st.sampled_from(spreads))
     logp = -torch.rand(batch, length, generator=gen) * 4
     old = logp + torch.randn(batch, length, generator=gen) * spread
     mask = torch.rand(batch, length, generator=gen) > draw(st.sampled_from([0.0, 0.3, 0.9]))

@@ -26,6 +26,7 @@ PURE_PLUGINS = ["packages/rlk-flashinfer", "packages/rlk-vllm"]
 TEST_BACKEND = "tests/plugins/rlk-testbackend"
 FAILING_TEST_PLUGINS = "broken,oldapi,badhook,lazyfail"
 STRICT_ENV = {"RLK_STRICT_PLUGINS": "1", "RLK_DISABLE_PLUGINS": FAILING_TEST_PLUGINS}
+FUZZ_EXAMPLES = "250"  # per test in the tests session's random fuzz pass
 
 
 def _install_core(session: nox.Session, extras: str = "") -> None:
@@ -51,6 +52,11 @@ def tests(session: nox.Session) -> None:
     # One pytest process per package: each package's test helpers stay its own.
     for suite in ("packages/rlk-core/tests", "tests", *[f"{p}/tests" for p in PURE_PLUGINS]):
         session.run("python", "-m", "pytest", suite, *session.posargs, env=STRICT_ENV)
+    # The fuzz suite ran above as its replay (derandomized); now a random pass with a fresh
+    # seed, which it prints (docs/testing.md: reproducing a seed). About a minute on 2 cores.
+    session.run("python", "-m", "pytest", f"{CORE}/tests/fuzz", "-q", *session.posargs,
+                env={**STRICT_ENV, "RLK_FUZZ_SEED": "random", "RLK_FUZZ_EXAMPLES": FUZZ_EXAMPLES,
+                     "OMP_NUM_THREADS": "1"})
     session.run("python", "-m", "pytest", "--pyargs", "rlk.testing", "--rlk-backend", "native",
                 "-q", env=STRICT_ENV)
 

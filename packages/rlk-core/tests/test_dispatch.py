@@ -211,6 +211,29 @@ def test_a_scope_inside_a_suspended_generator_does_not_bind_the_caller(fresh_rlk
     assert rlk.explain("logp", logits, tokens).backend == "fast"
 
 
+def test_interleaved_generators_keep_their_own_scopes(fresh_rlk):
+    """Two generators suspended inside their scopes: the first leaving its scope must not
+    take the second's with it (a context variable's reset restores the value from before
+    the first one entered, which the fuzz suite's scope programs found)."""
+    _use(fresh_rlk, "fast")
+    logits, tokens = _inputs()
+
+    def batches():
+        with rlk.use_backends("native"):
+            yield rlk.explain("logp", logits, tokens).backend
+            yield rlk.explain("logp", logits, tokens).backend
+        yield rlk.explain("logp", logits, tokens).backend
+
+    first, second = batches(), batches()
+    assert (next(first), next(second)) == ("native", "native")
+    assert next(first) == "native"
+    assert next(first) == "fast"  # the first left its scope
+    assert next(second) == "native"  # the second is still inside its own
+    assert rlk.explain("logp", logits, tokens).backend == "fast"
+    assert next(second) == "fast"
+    assert rlk.explain("logp", logits, tokens).backend == "fast"
+
+
 def test_a_generator_scope_still_chooses_its_forwards_backward(fresh_rlk):
     _use(fresh_rlk, "picky")
     logits, tokens = _inputs()

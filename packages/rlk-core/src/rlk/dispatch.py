@@ -15,7 +15,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -304,6 +304,20 @@ def _effective(scoped: Policy | _SuspendableScope | None) -> Policy | None:
     return scoped
 
 
+def _unlinked(scoped: Policy | _SuspendableScope | None, entered: _SuspendableScope
+              ) -> tuple[bool, Policy | _SuspendableScope | None]:
+    """Whether `scoped` holds the innermost generator scope of `entered`'s frame and policy,
+    and `scoped` without it. Generators suspended inside their scopes interleave: one leaving
+    its scope must keep the scopes other generators entered after it, which a reset of the
+    context variable (to its value before this scope) would drop."""
+    if not isinstance(scoped, _SuspendableScope):
+        return False, scoped
+    if scoped.frame is entered.frame and scoped.policy is entered.policy:
+        return True, scoped.outer
+    found, outer = _unlinked(scoped.outer, entered)
+    return found, replace(scoped, outer=outer) if found else scoped
+
+
 def _running(frame: FrameType) -> bool:
     current: FrameType | None = sys._getframe(1)
     while current is not None:
@@ -355,7 +369,7 @@ class use_backends:  # a lowercase class: used like a function, `with rlk.use_ba
     variable, a scope the caller enters around a later `next()` is the inner one there.)
     """
 
-    __slots__ = ("_names", "_require", "_strict", "_token")
+    __slots__ = ("_entered", "_names", "_require", "_strict", "_token")
 
     def __init__(self, *names: str, strict: bool | None = None,
                  require: str | Iterable[str] = ()):
@@ -380,10 +394,15 @@ class use_backends:  # a lowercase class: used like a function, `with rlk.use_ba
         entered: Policy | _SuspendableScope = policy
         if frame.f_code.co_flags & _SUSPENDABLE:
             entered = _SuspendableScope(policy, frame, scoped)
-        self._token = _policy.set(entered)
+        self._entered, self._token = entered, _policy.set(entered)
         return policy
 
     def __exit__(self, *exc: object) -> None:
+        if isinstance(self._entered, _SuspendableScope):
+            found, rest = _unlinked(_policy.get(), self._entered)
+            if found:
+                _policy.set(rest)
+                return
         _policy.reset(self._token)
 
 

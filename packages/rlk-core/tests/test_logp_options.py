@@ -10,6 +10,7 @@ import torch
 import rlk
 from rlk.ops.entropy import reference as entropy_reference
 from rlk.ops.logp import reference
+from rlk.testing.compare import assert_within_one_ulp
 
 GEN = torch.Generator().manual_seed(11)
 
@@ -43,14 +44,6 @@ def test_dtype_gives_the_output_dtype_from_the_float32_result(dtype):
     assert rlk.entropy(logits, dtype=dtype).dtype == dtype
 
 
-def _ulp(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The spacing of `dtype` at each (float64) value: 2^(e - mantissa bits), subnormals'
-    spacing below the smallest normal."""
-    info = torch.finfo(dtype)
-    _, exponent = torch.frexp(value.abs().clamp(min=info.tiny))
-    return torch.ldexp(torch.ones_like(value), exponent - 1) * info.eps
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_dtype_is_within_one_ulp_of_the_correctly_rounded_value(dtype):
     """Issue #31 F5, the documented contract: `dtype=` rounds the float32 result once more,
@@ -63,8 +56,7 @@ def test_dtype_is_within_one_ulp_of_the_correctly_rounded_value(dtype):
     truths = reference.logp_entropy(logits.double(), tokens)
     for got, truth in zip(rlk.logp_entropy(logits, tokens, dtype=dtype), truths, strict=True):
         assert got.dtype == dtype
-        rounded = truth.to(dtype).double()
-        assert ((got.double() - rounded).abs() <= _ulp(rounded, dtype)).all()
+        assert_within_one_ulp("dtype= output", got, truth)
 
 
 def test_dtype_matches_trl_selective_log_softmax_in_the_input_dtype():

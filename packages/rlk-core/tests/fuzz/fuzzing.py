@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import hypothesis
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -246,8 +245,3 @@ def in_range(truth: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return truth.masked_fill(beyond, float("inf")).copysign(truth) if bool(beyond.any()) \
         else truth
 
-
-def known(item: str, branch: str) -> Any:
-    """xfail (not strict) for a sub-case where issue #31 found wrong answers that another
-    branch fixes: the mark comes off once that branch is merged."""
-    return pytest.mark.xfail(strict=False, reason=f"issue #31 {item}: fixed on {branch}")

@@ -44,3 +44,32 @@ def assert_bitwise_equal(name: str, actual: torch.Tensor, expected: torch.Tensor
     ):
         diff = (actual.double() - expected.double()).abs().nan_to_num().max().item()
         raise AssertionError(f"{name}: not bitwise equal (max difference {diff:.3e})")
+
+
+def ulp(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The spacing of `dtype` at each float64 value (subnormal spacing below the smallest
+    normal): the unit in which results rounded to a half dtype are judged."""
+    info = torch.finfo(dtype)
+    _, exponent = torch.frexp(value.double().abs().clamp(min=info.tiny))
+    return torch.ldexp(torch.ones_like(value, dtype=torch.float64), exponent - 1) * info.eps
+
+
+
+def assert_within_one_ulp(name: str, actual: torch.Tensor, truth: torch.Tensor,
+                          atol: float = 0.0) -> None:
+    """`actual` (in a half dtype) at most one ulp of that dtype from the float64 truth
+    rounded to it: what a float32 result rounded once more can promise, since its own
+    float32 error may straddle a rounding boundary of the dtype. Near zero the float32
+    computation's absolute error (`atol`) can exceed the dtype's spacing and is allowed
+    instead. NaN where the rounded truth is NaN, infinities equal."""
+    rounded = truth.detach().to("cpu", actual.dtype).double()
+    got = actual.detach().to("cpu", torch.float64)
+    same = (got == rounded) | (got.isnan() & rounded.isnan())
+    error = (got - rounded).abs().nan_to_num(nan=float("inf")).masked_fill(same, 0.0)
+    allowed = ulp(rounded, actual.dtype).clamp(min=atol).masked_fill(~rounded.isfinite(), 0.0)
+    excess = error - allowed
+    if bool((excess > 0).any()):
+        worst = int(excess.reshape(-1).argmax())
+        raise AssertionError(
+            f"{name}: {got.reshape(-1)[worst].item()!r} is more than one {actual.dtype} ulp "
+            f"from {rounded.reshape(-1)[worst].item()!r} (the float64 truth rounded)")

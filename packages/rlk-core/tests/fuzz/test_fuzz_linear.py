@@ -22,6 +22,7 @@ from fuzzing import (
     loss_inputs,
     loss_options,
     on_device,
+    open_issue,
     per_row,
     snapshot,
     tally,
@@ -163,9 +164,11 @@ def _case(path: str, softcap: bool, garbage: bool) -> Any:
     return pytest.param(path, softcap, garbage, id=name, marks=marks)
 
 
-# k3's KL: its gradients overflow float16 and, past 1e30, the float32 weight gradient's sums
-# lose them to cancellation: F4's open contract
-K3 = pytest.param("one-pass", False, False, True, id="one-pass-plain-clean-k3")
+# k3's KL: at low temperatures its gradients reach 1e30 and the float32 weight gradient's
+# sums lose them to cancellation (1.97e-2 absolute on -0.284 at RLK_FUZZ_SEED=3490338199
+# RLK_FUZZ_EXAMPLES=1500): open, issue #31 F4's float32 side
+K3 = pytest.param("one-pass", False, False, True, id="one-pass-plain-clean-k3",
+                  marks=open_issue("issue #31 F4, k3's float32 weight gradient"))
 
 
 @pytest.mark.parametrize(("path", "softcap", "garbage", "k3"),

@@ -32,6 +32,14 @@ template <> __device__ __forceinline__ f16_t from_float<f16_t>(float f) {
   return f16_t{__half_as_ushort(__float2half_rn(f))};
 }
 
+// 1 / T, capped at 2^126 (log2(e) times it stays finite): below T = 2^-126 the exact inverse
+// overflows float32 and (x - max) * inf is NaN at a row's maxima, where any finite gap times
+// 2^126 already leaves the maxima alone, as the exact inverse would. A NaN T stays NaN.
+__device__ __forceinline__ float inverse_temperature(float t) {
+  const float inv = 1.0f / t;
+  return inv > 0x1p126f ? 0x1p126f : inv;
+}
+
 // Number of elements of T in one 16-byte vector.
 template <typename T> struct VecWidth { static constexpr int value = 16 / sizeof(T); };
 

@@ -141,7 +141,7 @@ __global__ void RLK_LAUNCH_BOUNDS(THREADS, bwd_min_blocks(THREADS, ANY))
   if (tok == a.ignore_index || (g == 0.f && ge == 0.f)) mode = 0;
   else if (tok < 0 || tok >= a.vocab_total) mode = 1;
   const float temp = a.temp_rows ? a.temp_rows[row] : a.temperature;
-  const float inv_t = 1.0f / temp;
+  const float inv_t = inverse_temperature(temp);
   const double lse = a.lse[row];
   const float pivot = static_cast<float>(lse / inv_t);
   const float rest = static_cast<float>(lse - static_cast<double>(pivot) * inv_t);

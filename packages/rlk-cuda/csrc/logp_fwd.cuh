@@ -17,7 +17,7 @@ __device__ __forceinline__ RowInfo row_info(const LogpFwdArgs& a, int64_t i) {
   const bool ok = row >= 0 && row < a.M;
   const int64_t tok = (a.tokens && ok) ? a.tokens[row] : 0;
   const float temp = (a.temp_rows && ok) ? a.temp_rows[row] : a.temperature;
-  return RowInfo{row, tok, 1.0f / temp};
+  return RowInfo{row, tok, inverse_temperature(temp)};
 }
 
 // Rows whose logits are never read: ignored tokens and rows outside [0, M).

@@ -384,10 +384,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
   const int64_t V = a.V;
   const float m = a.stats[b], log_s = a.stats[a.B + b];
   const bool greedy = !(a.temperature > 0.f);
-  // capped at 2^126 (log2(e) times it stays finite): below T = 2^-126, 1 / T overflows and
-  // (m - x) * inf is NaN at the tied maxima; any finite gap times 2^126 already leaves them
-  // alone in the race, as the exact 1 / T would
-  const float inv_t = greedy ? 1.0f : fminf(1.0f / a.temperature, 0x1p126f);
+  // capped as the statistics pass caps it (logp_fwd.cuh), so both agree below T = 2^-126
+  const float inv_t = greedy ? 1.0f : inverse_temperature(a.temperature);
   const float nan = __int_as_float(0x7fc00000);
   if (!(isfinite(m) && isfinite(log_s))) {
     if (tid == 0) { a.tokens[b] = -1; a.logp[b] = nan; a.processed_logp[b] = nan; }

@@ -370,8 +370,8 @@ def test_float16_overflow_is_signalled_wherever_float64_overflows(backend: str) 
         f64[0].reshape(-1, 64), f64[1], data["tokens"].reshape(-1), old_logp=data["old_logp"],
         advantages=data["advantages"], mask=data["mask"], **_reference_options(options))
     want[0].backward()
-    for got, expected in ((leaves[0].grad.reshape(-1, 64), f64[0].grad), (leaves[1].grad,
-                                                                          f64[1].grad)):
+    for got, expected in ((leaves[0].grad.reshape(-1, 64), f64[0].grad.reshape(-1, 64)),
+                          (leaves[1].grad, f64[1].grad)):
         over = expected.half().isinf()
         assert over.any() and not got.isfinite()[over].any()
         fine = got.isfinite()

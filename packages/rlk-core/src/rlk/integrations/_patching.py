@@ -72,6 +72,8 @@ class Patches:
     def __init__(self, package: str):
         self.package = package
         self._swaps: list[_Swap] = []
+        self._scanned: tuple[int, str | None] | None = None
+        self._package_modules: list[Any] = []
 
     def swap(self, owner: Any, name: str, replacement: Any) -> None:
         """Replace `owner.name`, keeping the raw attribute (a staticmethod stays one)."""
@@ -106,9 +108,18 @@ class Patches:
                 setattr(module, swap.name, swap.original)
 
     def _modules(self) -> list[Any]:
-        prefix = self.package + "."
-        return [module for name, module in list(sys.modules.items())
+        """The package's loaded modules. Scanning sys.modules takes milliseconds once
+        transformers is loaded, and a patch and its restore ask for them once per swap: the
+        list is kept until a module is imported or removed (sys.modules' size or its newest
+        entry changes)."""
+        state = (len(sys.modules), next(reversed(sys.modules), None))
+        if state != self._scanned:
+            prefix = self.package + "."
+            self._package_modules = [
+                module for name, module in list(sys.modules.items())
                 if module is not None and (name == self.package or name.startswith(prefix))]
+            self._scanned = state
+        return self._package_modules
 
 
 class Adapter:

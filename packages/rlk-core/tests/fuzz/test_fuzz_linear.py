@@ -157,6 +157,31 @@ def _reference(hidden, weight, bias, tokens, temp, head, entropy_coef, options, 
     return loss, metrics, logp, expected
 
 
+def _rounded_operand_allowance(hidden, weight, bias, tokens, temp, head, entropy_coef, options,
+                               tensors) -> list[Any]:
+    """What the GEMMs of the backward may add to grad_hidden, grad_weight and grad_bias when
+    they take the logits gradient G rounded to the inputs' dtype (rlk-cuda writes it in the
+    GEMM input dtype): each entry of G moves by up to its dtype's unit roundoff u, so
+    grad_weight[v] by u * sum_r |G[r, v]| |hidden[r]|, grad_hidden[r] by u * sum_v |G[r, v]|
+    |weight[v]| (twice that, and float32 accumulation over the rows, allowed). Where the
+    sums cancel, that exceeds an elementwise tolerance: bf16's rounding of G alone gives
+    -0.0308 for -0.0275 in a GPU run's weight gradient (seed 3489571432)."""
+    logits = hidden.double() @ weight.double().T
+    if bias is not None:
+        logits = logits + bias.double()
+    rows = logits.detach().requires_grad_(True)
+    loss, _, _ = linear_policy_loss_reference.linear_policy_loss(
+        rows, torch.eye(weight.shape[0], dtype=torch.float64), tokens, temperature=temp,
+        entropy_coef=entropy_coef, options=options, **head, **tensors)
+    if not loss.requires_grad:
+        return [None, None, None]
+    (grad_logits,) = torch.autograd.grad(loss, rows, allow_unused=True, materialize_grads=True)
+    size = grad_logits.abs().nan_to_num(posinf=0.0)
+    unit = torch.finfo(hidden.dtype).eps + rows.shape[0] * 2.0**-24
+    return [unit * (size @ weight.double().abs()), unit * (size.T @ hidden.double().abs()),
+            unit * size.sum(0)]
+
+
 def _case(path: str, softcap: bool, garbage: bool) -> Any:
     """One parametrised case, marked where issue #31 found it wrong."""
     marks = []
@@ -164,11 +189,12 @@ def _case(path: str, softcap: bool, garbage: bool) -> Any:
     return pytest.param(path, softcap, garbage, id=name, marks=marks)
 
 
-# k3's KL: at low temperatures its gradients reach 1e30 and the float32 weight gradient's
-# sums lose them to cancellation (1.97e-2 absolute on -0.284 at RLK_FUZZ_SEED=3490338199
-# RLK_FUZZ_EXAMPLES=1500): open, issue #31 F4's float32 side
+# k3's KL at low temperatures: log ratios reach ~90, past float32's exp range, and the loss
+# is inf where float64's is finite (4.9e36 at RLK_FUZZ_SEED=10737029 RLK_FUZZ_EXAMPLES=1000).
+# Its weight gradient's cancellation (1.97e-2 on -0.284 at seed 3490338199) is within the
+# rounded-operand allowance; the overflow is open.
 K3 = pytest.param("one-pass", False, False, True, id="one-pass-plain-clean-k3",
-                  marks=open_issue("issue #31 F4, k3's float32 weight gradient"))
+                  marks=open_issue("issue #31 F4, k3 past float32's exp range"))
 
 
 @pytest.mark.parametrize(("path", "softcap", "garbage", "k3"),
@@ -215,8 +241,13 @@ def test_linear_policy_loss_against_float64(path, softcap, garbage, k3, data, en
     assert_matches("metrics", got_metrics, want_metrics, tolerance)
     assert_matches("logp", metrics["logp"].reshape(-1), want_logp.reshape(-1), tolerance)
     assert spec.grad_tolerances is not None
-    for name, actual, truth in zip(("grad_hidden", "grad_weight", "grad_bias"), got_grads,
-                                   expected, strict=False):
+    allowances = _rounded_operand_allowance(
+        clean, weight, bias, tokens, per_row(temp, (batch * length,)), head, entropy_coef,
+        options, tensors) if got_grads else []
+    present = [a for a, t in zip(allowances, (hidden, weight, bias), strict=False)
+               if t is not None]
+    for name, actual, truth, allowance in zip(("grad_hidden", "grad_weight", "grad_bias"),
+                                              got_grads, expected, present, strict=False):
         assert_matches(name, actual, in_range(truth, actual.dtype),
-                       spec.grad_tolerances[hidden.dtype])
+                       spec.grad_tolerances[hidden.dtype], allowance=allowance)
 

@@ -57,7 +57,6 @@ def ulp(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.ldexp(torch.ones_like(value, dtype=torch.float64), exponent - 1) * info.eps
 
 
-
 def assert_within_one_ulp(name: str, actual: torch.Tensor, truth: torch.Tensor,
                           atol: float = 0.0) -> None:
     """`actual` (in a half dtype) at most one ulp of that dtype from the float64 truth

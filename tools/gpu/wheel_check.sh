@@ -46,10 +46,13 @@ assert rlk.__file__.startswith(sys.argv[1]) and rlk_cuda.__file__.startswith(sys
 EOF
 rlk-core doctor 2>&1 | tee "$OUT/doctor.txt" | sed -n '/^Backends/,/^$/p'
 
+# pytest-xdist, where the machine has it, spreads both suites over the CPU cores
+workers=()
+"$PY" -c "import xdist" 2>/dev/null && workers=(-n "${RLK_TEST_WORKERS:-8}")
 step gpu tests
-"$PY" -m pytest -q -p no:cacheprovider --maxfail=40 "$repo/packages/rlk-cuda/tests" \
+"$PY" -m pytest -q -p no:cacheprovider --maxfail=40 "${workers[@]}" "$repo/packages/rlk-cuda/tests" \
   2>&1 | tee "$OUT/tests.log" | tail -15
 step conformance kit
-"$PY" -m pytest -q -p no:cacheprovider --pyargs rlk.testing --rlk-backend cuda \
+"$PY" -m pytest -q -p no:cacheprovider "${workers[@]}" --pyargs rlk.testing --rlk-backend cuda \
   2>&1 | tee "$OUT/conformance.log" | tail -8
 step done

@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import hypothesis
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -245,9 +244,3 @@ def in_range(truth: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     beyond = truth.abs() > torch.finfo(dtype).max
     return truth.masked_fill(beyond, float("inf")).copysign(truth) if bool(beyond.any()) \
         else truth
-
-
-def open_issue(item: str) -> Any:
-    """xfail (not strict) for a sub-case with a known open bug, so the op's other cases stay
-    checked: the reason names the issue item."""
-    return pytest.mark.xfail(strict=False, reason=f"open: {item}")

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "rlk_api.h"
 
@@ -41,10 +42,10 @@ void require(const void* p, const char* what) {
 
 // fields(S*, f) calls f(name, &S::name) for every field of S, from its list in rlk_api.h.
 #define RLK_MEMBER(type, name) f(#name, &Struct::name);
-#define RLK_FIELDS(S, LIST)                     \
+#define RLK_FIELDS(S, LIST)                           \
   template <typename F> void fields(rlk::S*, F&& f) { \
-    using Struct = rlk::S;                      \
-    LIST(RLK_MEMBER)                            \
+    using Struct = rlk::S;                            \
+    LIST(RLK_MEMBER)                                  \
   }
 RLK_FIELDS(LogpFwdArgs, RLK_LOGP_FWD_ARGS)
 RLK_FIELDS(LogpColsArgs, RLK_LOGP_COLS_ARGS)
@@ -86,13 +87,25 @@ template <typename T> nb::object to_python(const T& value) {
 template <typename S, typename M>
 using field_t = std::remove_reference_t<decltype(std::declval<S&>().*std::declval<M>())>;
 
+// S's field names as interned Python strings, made once: a lookup by a C string would build
+// and hash a new one per field and call. Kept for the life of the process.
+template <typename S> const std::vector<PyObject*>& keys() {
+  static const std::vector<PyObject*> interned = [] {
+    std::vector<PyObject*> v;
+    fields(static_cast<S*>(nullptr),
+           [&](const char* name, auto) { v.push_back(PyUnicode_InternFromString(name)); });
+    return v;
+  }();
+  return interned;
+}
+
 // The struct from keyword arguments naming each of its fields once: TypeError for a missing,
 // unknown or mistyped one, so that a misspelt name never leaves a field zero.
 template <typename S> S from_kwargs(const char* cls, const nb::kwargs& kw) {
   S s{};
   size_t n = 0;
   fields(static_cast<S*>(nullptr), [&](const char* name, auto member) {
-    PyObject* value = PyDict_GetItemString(kw.ptr(), name);  // borrowed
+    PyObject* value = PyDict_GetItem(kw.ptr(), keys<S>()[n]);  // borrowed
     if (value == nullptr)
       throw nb::type_error((std::string(cls) + ": missing field " + name).c_str());
     s.*member = from_python<field_t<S, decltype(member)>>(cls, name, value);

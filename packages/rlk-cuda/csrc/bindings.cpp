@@ -1,12 +1,17 @@
-// Python module rlk_cuda._C: validated raw pointers and shapes in, exceptions out.
-// The Python wrappers (rlk_cuda.logp, rlk_cuda.sample) check dtypes, shapes and devices and
-// pass the caller's current stream; this layer only guards against null pointers.
+// Python module rlk_cuda._C: argument structs filled by field name, exceptions out.
+// Each kernel takes (device, stream, args), args being its rlk_api.h struct bound as a class
+// whose constructor takes every field by name (pointers as integer addresses). The Python
+// wrappers (rlk_cuda.logp, rlk_cuda.sample, ...) check dtypes, shapes and devices and pass the
+// caller's current stream; this layer only guards against null pointers.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "rlk_api.h"
 
@@ -20,8 +25,6 @@ using namespace nb::literals;
 
 namespace {
 
-template <typename T> T* ptr(uintptr_t p) { return reinterpret_cast<T*>(p); }
-
 void prepare(int device) {
   const char* e = rlk::select_device(device);
   if (e != nullptr)
@@ -33,304 +36,295 @@ void check(const char* err) {
   if (err != nullptr) throw std::runtime_error(std::string(RLK_EXT_NAME ": kernel launch failed: ") + err);
 }
 
-void require(uintptr_t p, const char* what) {
-  if (p == 0) throw std::invalid_argument(std::string(RLK_EXT_NAME ": null pointer for ") + what);
+void require(const void* p, const char* what) {
+  if (p == nullptr) throw std::invalid_argument(std::string(RLK_EXT_NAME ": null pointer for ") + what);
+}
+
+// fields(S*, f) calls f(name, &S::name) for every field of S, from its list in rlk_api.h.
+#define RLK_MEMBER(type, name) f(#name, &Struct::name);
+#define RLK_FIELDS(S, LIST)                           \
+  template <typename F> void fields(rlk::S*, F&& f) { \
+    using Struct = rlk::S;                            \
+    LIST(RLK_MEMBER)                                  \
+  }
+RLK_FIELDS(LogpFwdArgs, RLK_LOGP_FWD_ARGS)
+RLK_FIELDS(LogpColsArgs, RLK_LOGP_COLS_ARGS)
+RLK_FIELDS(SoftCapArgs, RLK_SOFT_CAP_ARGS)
+RLK_FIELDS(RelProbArgs, RLK_REL_PROB_ARGS)
+RLK_FIELDS(GroupAdvArgs, RLK_GROUP_ADV_ARGS)
+RLK_FIELDS(LogpBwdArgs, RLK_LOGP_BWD_ARGS)
+RLK_FIELDS(SampleArgs, RLK_SAMPLE_ARGS)
+RLK_FIELDS(Operand, RLK_OPERAND)
+RLK_FIELDS(PolicyLossSettings, RLK_POLICY_LOSS_SETTINGS)
+RLK_FIELDS(PolicyLossArgs, RLK_POLICY_LOSS_ARGS)
+RLK_FIELDS(ScaleArgs, RLK_SCALE_ARGS)
+RLK_FIELDS(ScaleRowsArgs, RLK_SCALE_ROWS_ARGS)
+#undef RLK_FIELDS
+#undef RLK_MEMBER
+
+// Python sees a pointer field as its integer address (0 = nullptr), any other as itself;
+// TypeError naming the field for a value that does not convert.
+template <typename T> T from_python(const char* cls, const char* name, nb::handle value) {
+  try {
+    if constexpr (std::is_pointer_v<T>)
+      return reinterpret_cast<T>(nb::cast<uintptr_t>(value));
+    else
+      return nb::cast<T>(value);
+  } catch (const nb::cast_error&) {
+    throw nb::type_error((std::string(cls) + "." + name + ": cannot take " +
+                          nb::repr(value).c_str()).c_str());
+  }
+}
+
+template <typename T> nb::object to_python(const T& value) {
+  if constexpr (std::is_pointer_v<T>)
+    return nb::cast(reinterpret_cast<uintptr_t>(value));
+  else
+    return nb::cast(value, nb::rv_policy::copy);
+}
+
+// The type of field `member` of S.
+template <typename S, typename M>
+using field_t = std::remove_reference_t<decltype(std::declval<S&>().*std::declval<M>())>;
+
+// S's field names as interned Python strings, made once: a lookup by a C string would build
+// and hash a new one per field and call. Kept for the life of the process.
+template <typename S> const std::vector<PyObject*>& keys() {
+  static const std::vector<PyObject*> interned = [] {
+    std::vector<PyObject*> v;
+    fields(static_cast<S*>(nullptr),
+           [&](const char* name, auto) { v.push_back(PyUnicode_InternFromString(name)); });
+    return v;
+  }();
+  return interned;
+}
+
+// The struct from keyword arguments naming each of its fields once: TypeError for a missing,
+// unknown or mistyped one, so that a misspelt name never leaves a field zero.
+template <typename S> S from_kwargs(const char* cls, const nb::kwargs& kw) {
+  S s{};
+  size_t n = 0;
+  fields(static_cast<S*>(nullptr), [&](const char* name, auto member) {
+    PyObject* value = PyDict_GetItem(kw.ptr(), keys<S>()[n]);  // borrowed
+    if (value == nullptr)
+      throw nb::type_error((std::string(cls) + ": missing field " + name).c_str());
+    s.*member = from_python<field_t<S, decltype(member)>>(cls, name, value);
+    ++n;
+  });
+  if (PyDict_Size(kw.ptr()) != static_cast<Py_ssize_t>(n)) {
+    for (auto [key, value] : kw) {
+      bool known = false;
+      const std::string given = nb::str(key).c_str();
+      fields(static_cast<S*>(nullptr),
+             [&](const char* name, auto) { known = known || given == name; });
+      if (!known) throw nb::type_error((std::string(cls) + ": unknown field " + given).c_str());
+    }
+  }
+  return s;
+}
+
+// An argument struct as a Python class: built by field name, each field readable and writable.
+template <typename S> void bind_args(nb::module_& m, const char* cls) {
+  nb::class_<S> c(m, cls);
+  c.def("__init__",
+        [cls](S* self, const nb::kwargs& kw) { new (self) S(from_kwargs<S>(cls, kw)); });
+  fields(static_cast<S*>(nullptr), [&](const char* name, auto member) {
+    using T = field_t<S, decltype(member)>;
+    c.def_prop_rw(name, [member](const S& s) { return to_python<T>(s.*member); },
+                  [cls, name, member](S& s, nb::handle value) {
+                    s.*member = from_python<T>(cls, name, value);
+                  });
+  });
+}
+
+// A kernel entry point taking (device, stream, args) by name: the null-pointer guard, the
+// device, then the launch on `stream` (a cudaStream_t or hipStream_t address).
+template <typename S>
+void def_kernel(nb::module_& m, const char* name, const char* (*launch)(const S&, void*),
+                void (*guard)(const S&)) {
+  m.def(name,
+        [launch, guard](int device, uintptr_t stream, const S& args) {
+          guard(args);
+          prepare(device);
+          check(launch(args, reinterpret_cast<void*>(stream)));
+        },
+        nb::kw_only(), "device"_a, "stream"_a, "args"_a);
+}
+
+void logp_forward_guard(const rlk::LogpFwdArgs& a) {
+  if (a.R > 0 && a.V > 0) require(a.logits, "logits");
+}
+
+void logp_backward_guard(const rlk::LogpBwdArgs& a) {
+  if (a.M > 0 && a.V > 0) {
+    require(a.logits, "logits");
+    require(a.grad, "grad");
+    require(a.tokens, "tokens");
+    require(a.g_logp, "grad_logp");
+    require(a.lse, "lse");
+  }
+}
+
+void logp_cols_guard(const rlk::LogpColsArgs& a) {
+  if (a.N > 0) {
+    require(a.tokens, "tokens");
+    require(a.partial, "partial");
+    require(a.tok_logit, "tok_logit");
+  }
+}
+
+void relative_probs_guard(const rlk::RelProbArgs& a) {
+  if (a.N > 0) {
+    require(a.logits, "logits");
+    require(a.out, "out");
+    require(a.tokens, "tokens");
+    require(a.partial, "partial");
+    require(a.logp, "logp");
+    require(a.entropy, "entropy");
+    require(a.lse, "lse");
+    require(a.scale, "scale");
+  }
+}
+
+void group_advantages_guard(const rlk::GroupAdvArgs& a) {
+  if (a.N > 0) {
+    require(a.rewards, "rewards");
+    require(a.out, "out");
+    if (a.group_ids != nullptr) {
+      require(a.order, "order");
+    } else if (a.group_size <= 0) {
+      throw std::invalid_argument(RLK_EXT_NAME ": group_advantages needs group_ids or "
+                                  "group_size > 0");
+    }
+    if (a.normalize == rlk::kNormalizeBatchStd) require(a.batch_std, "batch_std");
+  }
+}
+
+void policy_loss_guard(const rlk::PolicyLossArgs& a) {
+  if (a.B > 0) {
+    require(a.rows, "rows");
+    require(a.advantages.data, "advantages");
+  }
+  if (a.B > 0 && a.T > 0) {
+    require(a.logp.data, "logp");
+    require(a.old_logp.data, "old_logp");
+    require(a.mask.data, "mask");
+  }
 }
 
 }  // namespace
 
 NB_MODULE(_C, m) {
-  m.doc() = RLK_EXT_NAME " kernels (raw-pointer interface; use the Python wrappers)";
+  m.doc() = RLK_EXT_NAME " kernels (argument structs by field name; use the Python wrappers)";
   m.attr("ARCHITECTURES") = RLK_CUDA_ARCHS;
 
   m.attr("TMA_BUILT") = rlk::logp_tma_built();
 
-  // tma=true takes the Hopper bulk-copy path (logp_tma.cu); nseg must then be its segments.
-  m.def("logp_forward",
-        [](int device, uintptr_t stream, uintptr_t logits, int dtype, int64_t M, int64_t V,
-           int64_t row_stride, uintptr_t tokens, uintptr_t rows, int64_t R, float temperature,
-           uintptr_t temp_rows, int64_t ignore_index, uintptr_t logp, int64_t logp_stride,
-           uintptr_t entropy, uintptr_t lse, int nseg, uintptr_t partial, bool tma) {
-          if (R > 0 && V > 0) require(logits, "logits");
-          prepare(device);
-          rlk::LogpFwdArgs a{ptr<const void>(logits), dtype, M, V, row_stride,
-                             ptr<const int64_t>(tokens), ptr<const int64_t>(rows), R, temperature,
-                             ptr<const float>(temp_rows), ignore_index, ptr<float>(logp),
-                             logp_stride, ptr<float>(entropy), ptr<double>(lse), nullptr, nseg,
-                             ptr<float>(partial)};
-          void* s = reinterpret_cast<void*>(stream);
-          check(tma ? rlk::logp_forward_tma(a, s) : rlk::logp_forward(a, s));
-        },
-        nb::kw_only(), "device"_a, "stream"_a, "logits"_a, "dtype"_a, "M"_a, "V"_a, "row_stride"_a,
-        "tokens"_a, "rows"_a, "R"_a, "temperature"_a, "temp_rows"_a, "ignore_index"_a, "logp"_a,
-        "logp_stride"_a, "entropy"_a, "lse"_a, "nseg"_a, "partial"_a, "tma"_a);
+  // Element type codes, named as torch's dtypes.
+  nb::enum_<rlk::DType>(m, "DType", nb::is_arithmetic())
+      .value("float32", rlk::kF32)
+      .value("bfloat16", rlk::kBF16)
+      .value("float16", rlk::kF16)
+      .value("float64", rlk::kF64)
+      .value("uint8", rlk::kU8)
+      .value("int8", rlk::kI8)
+      .value("int16", rlk::kI16)
+      .value("int32", rlk::kI32)
+      .value("int64", rlk::kI64);
 
+  // Operand and PolicyLossSettings first: PolicyLossArgs holds them.
+  bind_args<rlk::Operand>(m, "Operand");
+  bind_args<rlk::PolicyLossSettings>(m, "PolicyLossSettings");
+  bind_args<rlk::LogpFwdArgs>(m, "LogpFwdArgs");
+  bind_args<rlk::LogpBwdArgs>(m, "LogpBwdArgs");
+  bind_args<rlk::LogpColsArgs>(m, "LogpColsArgs");
+  bind_args<rlk::SoftCapArgs>(m, "SoftCapArgs");
+  bind_args<rlk::RelProbArgs>(m, "RelProbArgs");
+  bind_args<rlk::GroupAdvArgs>(m, "GroupAdvArgs");
+  bind_args<rlk::SampleArgs>(m, "SampleArgs");
+  bind_args<rlk::PolicyLossArgs>(m, "PolicyLossArgs");
+  bind_args<rlk::ScaleArgs>(m, "ScaleArgs");
+  bind_args<rlk::ScaleRowsArgs>(m, "ScaleRowsArgs");
+
+  // logp_forward_tma takes the Hopper bulk-copy path (logp_tma.cu); nseg must be its segments.
+  def_kernel(m, "logp_forward", &rlk::logp_forward, &logp_forward_guard);
+  def_kernel(m, "logp_forward_tma", &rlk::logp_forward_tma, &logp_forward_guard);
   m.def("logp_forward_segments", &rlk::logp_forward_segments,
         "Row segments the forward uses for vocabulary size V (scratch: R * segments * 3 floats)");
   m.def("logp_forward_tma_segments", &rlk::logp_forward_tma_segments,
         "Row segments of the bulk-copy forward for vocabulary size V (always needs scratch)");
+  def_kernel(m, "logp_backward", &rlk::logp_backward, &logp_backward_guard);
 
-  m.def("logp_backward",
-        [](int device, uintptr_t stream, uintptr_t logits, int dtype, int64_t M, int64_t V,
-           int64_t row_stride, uintptr_t grad, int grad_dtype, int64_t grad_row_stride,
-           uintptr_t tokens,
-           uintptr_t g_logp, uintptr_t g_ent, uintptr_t lse, uintptr_t entropy, float temperature,
-           uintptr_t temp_rows, int64_t ignore_index, int64_t col_offset, int64_t vocab_total) {
-          if (M > 0 && V > 0) {
-            require(logits, "logits");
-            require(grad, "grad");
-            require(tokens, "tokens");
-            require(g_logp, "grad_logp");
-            require(lse, "lse");
-          }
-          prepare(device);
-          rlk::LogpBwdArgs a{ptr<const void>(logits), dtype, M, V, row_stride, ptr<void>(grad),
-                             grad_dtype, grad_row_stride, ptr<const int64_t>(tokens),
-                             ptr<const float>(g_logp),
-                             ptr<const float>(g_ent), ptr<const double>(lse),
-                             ptr<const float>(entropy), temperature, ptr<const float>(temp_rows),
-                             ignore_index, col_offset, vocab_total};
-          check(rlk::logp_backward(a, reinterpret_cast<void*>(stream)));
-        },
-        nb::kw_only(), "device"_a, "stream"_a, "logits"_a, "dtype"_a, "M"_a, "V"_a, "row_stride"_a,
-        "grad"_a, "grad_dtype"_a, "grad_row_stride"_a, "tokens"_a, "g_logp"_a, "g_ent"_a, "lse"_a,
-        "entropy"_a, "temperature"_a, "temp_rows"_a, "ignore_index"_a, "col_offset"_a,
-        "vocab_total"_a);
-
-  // linear_logp forward over vocabulary chunks; phase 0 = one chunk's partials, 1 = merge.
-  m.def("logp_cols",
-        [](int phase, int device, uintptr_t stream, uintptr_t logits, int dtype, int64_t N,
-           int64_t C, int64_t row_stride, int64_t col_offset, int64_t vocab_total,
-           uintptr_t tokens, float temperature, uintptr_t temp_rows, int64_t ignore_index,
-           int chunk, int nchunks, uintptr_t partial, uintptr_t tok_logit, uintptr_t logp,
-           uintptr_t entropy, uintptr_t lse) {
-          if (N > 0) {
-            require(tokens, "tokens");
-            require(partial, "partial");
-            require(tok_logit, "tok_logit");
-            if (phase == 0) require(logits, "logits");
-            if (phase == 1) {
-              require(logp, "logp");
-              require(lse, "lse");
-            }
-          }
-          prepare(device);
-          rlk::LogpColsArgs a{ptr<const void>(logits), dtype, N, C, row_stride, col_offset,
-                              vocab_total, ptr<const int64_t>(tokens), temperature,
-                              ptr<const float>(temp_rows), ignore_index, chunk, nchunks,
-                              ptr<float>(partial), ptr<float>(tok_logit), ptr<float>(logp),
-                              ptr<float>(entropy), ptr<double>(lse)};
-          void* s = reinterpret_cast<void*>(stream);
-          check(phase == 0 ? rlk::logp_cols_partial(a, s) : rlk::logp_cols_merge(a, s));
-        },
-        nb::kw_only(), "phase"_a, "device"_a, "stream"_a, "logits"_a, "dtype"_a, "N"_a, "C"_a,
-        "row_stride"_a, "col_offset"_a, "vocab_total"_a, "tokens"_a, "temperature"_a, "temp_rows"_a,
-        "ignore_index"_a, "chunk"_a, "nchunks"_a, "partial"_a, "tok_logit"_a, "logp"_a, "entropy"_a,
-        "lse"_a);
+  // linear_logp forward over vocabulary chunks: one chunk's partials, then the merge.
+  def_kernel(m, "logp_cols_partial", &rlk::logp_cols_partial,
+             +[](const rlk::LogpColsArgs& a) {
+               logp_cols_guard(a);
+               if (a.N > 0) require(a.logits, "logits");
+             });
+  def_kernel(m, "logp_cols_merge", &rlk::logp_cols_merge, +[](const rlk::LogpColsArgs& a) {
+    logp_cols_guard(a);
+    if (a.N > 0) {
+      require(a.logp, "logp");
+      require(a.lse, "lse");
+    }
+  });
 
   // linear_policy_loss: a float32 logits chunk's statistics and relative probabilities.
   m.def("relative_probs_segments", &rlk::relative_probs_segments, nb::kw_only(), "V"_a);
-  m.def("relative_probs",
-        [](int device, uintptr_t stream, uintptr_t logits, int64_t N, int64_t V,
-           int64_t row_stride, uintptr_t out, int out_dtype, int64_t out_row_stride,
-           uintptr_t tokens, float temperature, uintptr_t temp_rows, int64_t ignore_index,
-           int nseg, uintptr_t partial, uintptr_t logp, uintptr_t entropy, uintptr_t lse,
-           uintptr_t scale) {
-          if (N > 0) {
-            require(logits, "logits");
-            require(out, "out");
-            require(tokens, "tokens");
-            require(partial, "partial");
-            require(logp, "logp");
-            require(entropy, "entropy");
-            require(lse, "lse");
-            require(scale, "scale");
-          }
-          prepare(device);
-          rlk::RelProbArgs a{ptr<const float>(logits), N, V, row_stride, ptr<void>(out),
-                             out_dtype, out_row_stride, ptr<const int64_t>(tokens), temperature,
-                             ptr<const float>(temp_rows), ignore_index, nseg,
-                             ptr<float>(partial), ptr<float>(logp), ptr<float>(entropy),
-                             ptr<double>(lse), ptr<float>(scale)};
-          check(rlk::relative_probs(a, reinterpret_cast<void*>(stream)));
-        },
-        nb::kw_only(), "device"_a, "stream"_a, "logits"_a, "N"_a, "V"_a, "row_stride"_a, "out"_a,
-        "out_dtype"_a, "out_row_stride"_a, "tokens"_a, "temperature"_a, "temp_rows"_a,
-        "ignore_index"_a, "nseg"_a, "partial"_a, "logp"_a, "entropy"_a, "lse"_a, "scale"_a);
+  def_kernel(m, "relative_probs", &rlk::relative_probs, &relative_probs_guard);
 
   // A contiguous tensor times a float32 device scalar, in place (nothing to do when it is 1).
-  m.def("scale_by_device_factor",
-        [](int device, uintptr_t stream, uintptr_t data, int dtype, int64_t n, uintptr_t factor) {
-          if (n > 0) {
-            require(data, "data");
-            require(factor, "factor");
-          }
-          prepare(device);
-          rlk::ScaleArgs a{ptr<void>(data), dtype, n, ptr<const float>(factor)};
-          check(rlk::scale_by_device_factor(a, reinterpret_cast<void*>(stream)));
-        },
-        nb::kw_only(), "device"_a, "stream"_a, "data"_a, "dtype"_a, "n"_a, "factor"_a);
+  def_kernel(m, "scale_by_device_factor", &rlk::scale_by_device_factor,
+             +[](const rlk::ScaleArgs& a) {
+               if (a.n > 0) {
+                 require(a.data, "data");
+                 require(a.factor, "factor");
+               }
+             });
 
   // out[r, :] = src[r, :] * factor[r] in out's dtype, zeros where factor[r] is 0.
-  m.def("scale_rows",
-        [](int device, uintptr_t stream, uintptr_t src, int src_dtype, int64_t src_row_stride,
-           uintptr_t out, int out_dtype, int64_t out_row_stride, int64_t rows, int64_t cols,
-           uintptr_t factor) {
-          if (rows > 0 && cols > 0) {
-            require(src, "src");
-            require(out, "out");
-            require(factor, "factor");
-          }
-          prepare(device);
-          rlk::ScaleRowsArgs a{ptr<const void>(src), src_dtype, src_row_stride, ptr<void>(out),
-                               out_dtype, out_row_stride, rows, cols, ptr<const float>(factor)};
-          check(rlk::scale_rows(a, reinterpret_cast<void*>(stream)));
-        },
-        nb::kw_only(), "device"_a, "stream"_a, "src"_a, "src_dtype"_a, "src_row_stride"_a, "out"_a,
-        "out_dtype"_a, "out_row_stride"_a, "rows"_a, "cols"_a, "factor"_a);
+  def_kernel(m, "scale_rows", &rlk::scale_rows, +[](const rlk::ScaleRowsArgs& a) {
+    if (a.rows > 0 && a.cols > 0) {
+      require(a.src, "src");
+      require(a.out, "out");
+      require(a.factor, "factor");
+    }
+  });
 
-  // Soft cap of a float32 logits chunk in place (grad 0), or its chain rule into grad.
-  m.def("soft_cap",
-        [](int device, uintptr_t stream, uintptr_t logits, int64_t N, int64_t C,
-           int64_t row_stride, float softcap, uintptr_t grad, int grad_dtype,
-           int64_t grad_row_stride) {
-          if (N > 0 && C > 0) require(logits, "logits");
-          prepare(device);
-          rlk::SoftCapArgs a{ptr<float>(logits), N, C, row_stride, softcap, ptr<void>(grad),
-                             grad_dtype, grad_row_stride};
-          check(rlk::soft_cap(a, reinterpret_cast<void*>(stream)));
-        },
-        nb::kw_only(), "device"_a, "stream"_a, "logits"_a, "N"_a, "C"_a, "row_stride"_a,
-        "softcap"_a, "grad"_a, "grad_dtype"_a, "grad_row_stride"_a);
+  // Soft cap of a float32 logits chunk in place (grad null), or its chain rule into grad.
+  def_kernel(m, "soft_cap", &rlk::soft_cap, +[](const rlk::SoftCapArgs& a) {
+    if (a.N > 0 && a.C > 0) require(a.logits, "logits");
+  });
 
-  m.def(
-      "group_advantages",
-      [](int device, uintptr_t stream, uintptr_t rewards, uintptr_t group_ids, int64_t N,
-         int64_t num_groups, int64_t group_size, int normalize, bool leave_one_out,
-         bool nan_ignore, bool singleton_reward, float eps, uintptr_t out, uintptr_t order,
-         uintptr_t batch_std) {
-        if (N > 0) {
-          require(rewards, "rewards");
-          require(out, "out");
-          if (group_ids != 0) {
-            require(order, "order");
-          } else if (group_size <= 0) {
-            throw std::invalid_argument(RLK_EXT_NAME ": group_advantages needs group_ids or "
-                                        "group_size > 0");
-          }
-          if (normalize == rlk::kNormalizeBatchStd) require(batch_std, "batch_std");
-        }
-        prepare(device);
-        rlk::GroupAdvArgs a{ptr<const float>(rewards), ptr<const int64_t>(group_ids),
-                            ptr<const int64_t>(order), N, num_groups, group_size, normalize,
-                            leave_one_out, nan_ignore, singleton_reward, eps, ptr<float>(out),
-                            ptr<double>(batch_std)};
-        check(rlk::group_advantages(a, reinterpret_cast<void*>(stream)));
-      },
-      nb::kw_only(), "device"_a, "stream"_a, "rewards"_a, "group_ids"_a, "N"_a, "num_groups"_a,
-      "group_size"_a, "normalize"_a, "leave_one_out"_a, "nan_ignore"_a, "singleton_reward"_a,
-      "eps"_a, "out"_a, "order"_a, "batch_std"_a);
+  def_kernel(m, "group_advantages", &rlk::group_advantages, &group_advantages_guard);
 
-  // The statistics pass (the logp forward's, tma as for logp_forward) and the draw, in one
-  // call: stats [2, B] and partial are scratch.
-  m.def("sample",
-        [](int device, uintptr_t stream, uintptr_t logits, int dtype, int64_t B, int64_t V,
-           int64_t row_stride, float temperature, int64_t top_k, float top_p, float min_p,
-           uintptr_t seeds, uintptr_t stats, int nseg, uintptr_t partial, bool tma,
-           uintptr_t tokens, uintptr_t logp, uintptr_t processed_logp) {
-          if (B > 0) {
-            require(logits, "logits");
-            require(seeds, "seeds");
-            require(stats, "stats");
-            require(tokens, "tokens");
-            require(logp, "logp");
-            require(processed_logp, "processed_logp");
-          }
-          prepare(device);
-          rlk::SampleArgs a{ptr<const void>(logits), dtype, B, V, row_stride, temperature, top_k,
-                            top_p, min_p, ptr<const int64_t>(seeds), ptr<float>(stats), nseg,
-                            ptr<float>(partial), tma, ptr<int64_t>(tokens), ptr<float>(logp),
-                            ptr<float>(processed_logp)};
-          check(rlk::sample(a, reinterpret_cast<void*>(stream)));
-        },
-        nb::kw_only(), "device"_a, "stream"_a, "logits"_a, "dtype"_a, "B"_a, "V"_a, "row_stride"_a,
-        "temperature"_a, "top_k"_a, "top_p"_a, "min_p"_a, "seeds"_a, "stats"_a, "nseg"_a,
-        "partial"_a, "tma"_a, "tokens"_a, "logp"_a, "processed_logp"_a);
+  // The statistics pass (the logp forward's, with or without tma) and the draw, in one call:
+  // stats [2, B] and partial are scratch.
+  def_kernel(m, "sample", &rlk::sample, +[](const rlk::SampleArgs& a) {
+    if (a.B > 0) {
+      require(a.logits, "logits");
+      require(a.seeds, "seeds");
+      require(a.stats, "stats");
+      require(a.tokens, "tokens");
+      require(a.logp, "logp");
+      require(a.processed_logp, "processed_logp");
+    }
+  });
 
   // policy_loss: the options as a settings struct (built once per options object), the
-  // tensors as (pointer, element type) pairs; every argument by name.
-  nb::class_<rlk::PolicyLossSettings>(m, "PolicyLossSettings")
-      .def(nb::init<>())
-      .def_rw("objective", &rlk::PolicyLossSettings::objective)
-      .def_rw("ratio_level", &rlk::PolicyLossSettings::ratio_level)
-      .def_rw("clip_low", &rlk::PolicyLossSettings::clip_low)
-      .def_rw("clip_high", &rlk::PolicyLossSettings::clip_high)
-      .def_rw("dual_clip", &rlk::PolicyLossSettings::dual_clip)
-      .def_rw("ratio_cap", &rlk::PolicyLossSettings::ratio_cap)
-      .def_rw("log_ratio_min", &rlk::PolicyLossSettings::log_ratio_min)
-      .def_rw("log_ratio_max", &rlk::PolicyLossSettings::log_ratio_max)
-      .def_rw("sapo_temperature_pos", &rlk::PolicyLossSettings::sapo_temperature_pos)
-      .def_rw("sapo_temperature_neg", &rlk::PolicyLossSettings::sapo_temperature_neg)
-      .def_rw("vespo_k_pos", &rlk::PolicyLossSettings::vespo_k_pos)
-      .def_rw("vespo_lambda_pos", &rlk::PolicyLossSettings::vespo_lambda_pos)
-      .def_rw("vespo_k_neg", &rlk::PolicyLossSettings::vespo_k_neg)
-      .def_rw("vespo_lambda_neg", &rlk::PolicyLossSettings::vespo_lambda_neg)
-      .def_rw("kl_coef", &rlk::PolicyLossSettings::kl_coef)
-      .def_rw("kl_estimator", &rlk::PolicyLossSettings::kl_estimator)
-      .def_rw("kl_straight_through", &rlk::PolicyLossSettings::kl_straight_through)
-      .def_rw("kl_clamp", &rlk::PolicyLossSettings::kl_clamp)
-      .def_rw("kl_bias_correction", &rlk::PolicyLossSettings::kl_bias_correction)
-      .def_rw("tis_cap", &rlk::PolicyLossSettings::tis_cap)
-      .def_rw("agg", &rlk::PolicyLossSettings::agg)
-      .def_rw("divisor", &rlk::PolicyLossSettings::divisor)
-      .def_rw("count_empty_rows", &rlk::PolicyLossSettings::count_empty_rows)
-      .def_rw("scale", &rlk::PolicyLossSettings::scale);
+  // tensors as Operands. The forward writes loss and metrics, and grad when given (float32,
+  // at upstream 1 unless grad_loss is given); the backward writes grad in grad_type.
   m.attr("POLICY_LOSS_ROW_STATS") = rlk::kPolicyLossRowStats;
-  // backward=false writes loss and metrics, and grad when given (float32, at upstream 1 unless
-  // grad_loss is given); backward=true writes grad in logp's element type.
-  m.def(
-      "policy_loss",
-      [](bool backward, int device, uintptr_t stream, uintptr_t logp, int logp_type,
-         uintptr_t old_logp, int old_logp_type, uintptr_t advantages, int advantages_type,
-         uintptr_t mask, int mask_type, uintptr_t ref_logp, int ref_logp_type,
-         uintptr_t rollout_logp, int rollout_logp_type, uintptr_t importance_weights,
-         int importance_weights_type, int64_t B, int64_t T, bool adv_per_token,
-         bool weights_per_token, const rlk::PolicyLossSettings& settings, uintptr_t rows,
-         uintptr_t loss, uintptr_t metrics, uintptr_t grad_loss, uintptr_t grad) {
-        if (B > 0) {
-          require(rows, "rows");
-          require(advantages, "advantages");
-        }
-        if (B > 0 && T > 0) {
-          require(logp, "logp");
-          require(old_logp, "old_logp");
-          require(mask, "mask");
-          if (backward) require(grad, "grad");
-        }
-        if (backward && B > 0) require(grad_loss, "grad_loss");
-        if (!backward) {
-          require(loss, "loss");
-          require(metrics, "metrics");
-        }
-        prepare(device);
-        const auto operand = [](uintptr_t p, int type) {
-          return rlk::Operand{ptr<const void>(p), type};
-        };
-        rlk::PolicyLossArgs a{operand(logp, logp_type), operand(old_logp, old_logp_type),
-                              operand(advantages, advantages_type), operand(mask, mask_type),
-                              operand(ref_logp, ref_logp_type),
-                              operand(rollout_logp, rollout_logp_type),
-                              operand(importance_weights, importance_weights_type), B, T,
-                              adv_per_token, weights_per_token, settings, ptr<double>(rows),
-                              ptr<float>(loss), ptr<float>(metrics), ptr<const float>(grad_loss),
-                              ptr<void>(grad), backward ? logp_type : rlk::kElemF32};
-        void* s = reinterpret_cast<void*>(stream);
-        check(backward ? rlk::policy_loss_backward(a, s) : rlk::policy_loss_forward(a, s));
-      },
-      nb::kw_only(), "backward"_a, "device"_a, "stream"_a, "logp"_a, "logp_type"_a,
-      "old_logp"_a, "old_logp_type"_a, "advantages"_a, "advantages_type"_a, "mask"_a,
-      "mask_type"_a, "ref_logp"_a, "ref_logp_type"_a, "rollout_logp"_a, "rollout_logp_type"_a,
-      "importance_weights"_a, "importance_weights_type"_a, "B"_a, "T"_a, "adv_per_token"_a,
-      "weights_per_token"_a, "settings"_a, "rows"_a, "loss"_a, "metrics"_a, "grad_loss"_a,
-      "grad"_a);
+  def_kernel(m, "policy_loss_forward", &rlk::policy_loss_forward,
+             +[](const rlk::PolicyLossArgs& a) {
+               policy_loss_guard(a);
+               require(a.loss, "loss");
+               require(a.metrics, "metrics");
+             });
+  def_kernel(m, "policy_loss_backward", &rlk::policy_loss_backward,
+             +[](const rlk::PolicyLossArgs& a) {
+               policy_loss_guard(a);
+               if (a.B > 0 && a.T > 0) require(a.grad, "grad");
+               if (a.B > 0) require(a.grad_loss, "grad_loss");
+             });
 }

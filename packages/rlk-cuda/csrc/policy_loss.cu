@@ -44,23 +44,23 @@ static_assert(kPolicyLossRowStats == kThroughRatio + 1, "row layout");
 
 __device__ __forceinline__ float load(const Operand& o, int64_t i) {
   switch (o.type) {
-    case kElemF32: return static_cast<const float*>(o.data)[i];
-    case kElemBF16: return to_float(static_cast<const bf16_t*>(o.data)[i]);
-    case kElemF16: return to_float(static_cast<const f16_t*>(o.data)[i]);
-    case kElemF64: return static_cast<float>(static_cast<const double*>(o.data)[i]);
-    case kElemU8: return static_cast<float>(static_cast<const uint8_t*>(o.data)[i]);
-    case kElemI8: return static_cast<float>(static_cast<const int8_t*>(o.data)[i]);
-    case kElemI16: return static_cast<float>(static_cast<const int16_t*>(o.data)[i]);
-    case kElemI32: return static_cast<float>(static_cast<const int32_t*>(o.data)[i]);
+    case kF32: return static_cast<const float*>(o.data)[i];
+    case kBF16: return to_float(static_cast<const bf16_t*>(o.data)[i]);
+    case kF16: return to_float(static_cast<const f16_t*>(o.data)[i]);
+    case kF64: return static_cast<float>(static_cast<const double*>(o.data)[i]);
+    case kU8: return static_cast<float>(static_cast<const uint8_t*>(o.data)[i]);
+    case kI8: return static_cast<float>(static_cast<const int8_t*>(o.data)[i]);
+    case kI16: return static_cast<float>(static_cast<const int16_t*>(o.data)[i]);
+    case kI32: return static_cast<float>(static_cast<const int32_t*>(o.data)[i]);
     default: return static_cast<float>(static_cast<const int64_t*>(o.data)[i]);
   }
 }
 
 __device__ __forceinline__ void store(void* p, int type, int64_t i, float v) {
   switch (type) {
-    case kElemBF16: static_cast<bf16_t*>(p)[i] = from_float<bf16_t>(v); break;
-    case kElemF16: static_cast<f16_t*>(p)[i] = from_float<f16_t>(v); break;
-    case kElemF64: static_cast<double*>(p)[i] = static_cast<double>(v); break;
+    case kBF16: static_cast<bf16_t*>(p)[i] = from_float<bf16_t>(v); break;
+    case kF16: static_cast<f16_t*>(p)[i] = from_float<f16_t>(v); break;
+    case kF64: static_cast<double*>(p)[i] = static_cast<double>(v); break;
     default: static_cast<float*>(p)[i] = v;
   }
 }

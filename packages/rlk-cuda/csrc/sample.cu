@@ -562,9 +562,19 @@ const char* sample(const SampleArgs& a, void* stream) {
   if (a.V > 0x7fffffffLL) return "sample: vocabulary larger than 2^31 - 1";
   if (a.V == 0) return "sample: empty vocabulary";
   const float stats_temperature = a.temperature > 0.f ? a.temperature : 1.0f;
-  const LogpFwdArgs f{a.logits, a.dtype, a.B, a.V, a.row_stride, nullptr, nullptr, a.B,
-                      stats_temperature, nullptr, -100, nullptr, 1, nullptr, nullptr,
-                      a.stats, a.nseg, a.partial};
+  // The statistics pass alone: every pointer not set here stays null (no tokens, no outputs).
+  LogpFwdArgs f{};
+  f.logits = a.logits;
+  f.dtype = a.dtype;
+  f.M = f.R = a.B;
+  f.V = a.V;
+  f.row_stride = a.row_stride;
+  f.temperature = stats_temperature;
+  f.ignore_index = -100;
+  f.logp_stride = 1;
+  f.stats = a.stats;
+  f.nseg = a.nseg;
+  f.partial = a.partial;
   const char* err = a.tma ? logp_forward_tma(f, stream) : logp_forward(f, stream);
   if (err != nullptr) return err;
   switch (a.dtype) {

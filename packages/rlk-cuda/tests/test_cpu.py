@@ -217,19 +217,111 @@ def test_policy_loss_settings_struct_takes_every_option_by_name() -> None:
         s.clip_ratio = 0.2  # a misspelt field raises instead of being ignored
 
 
-@pytest.mark.parametrize("name", ["logp_forward", "logp_backward", "logp_cols", "soft_cap",
-                                  "sample", "group_advantages", "policy_loss"])
-def test_every_kernel_binding_takes_arguments_by_name_only(name: str) -> None:
-    """Raw pointers and sizes in the wrong order would corrupt memory: positions are refused,
-    and so is a misspelt name, before anything reaches a kernel."""
-    launch = getattr(_ext.load(), name)
+KERNELS = {"logp_forward": "LogpFwdArgs", "logp_forward_tma": "LogpFwdArgs",
+           "logp_backward": "LogpBwdArgs", "logp_cols_partial": "LogpColsArgs",
+           "logp_cols_merge": "LogpColsArgs", "soft_cap": "SoftCapArgs",
+           "relative_probs": "RelProbArgs", "scale_by_device_factor": "ScaleArgs",
+           "scale_rows": "ScaleRowsArgs", "sample": "SampleArgs",
+           "group_advantages": "GroupAdvArgs", "policy_loss_forward": "PolicyLossArgs",
+           "policy_loss_backward": "PolicyLossArgs"}
+
+
+@pytest.mark.parametrize(("name", "struct"), KERNELS.items())
+def test_every_kernel_binding_takes_its_struct_by_name_only(name: str, struct: str) -> None:
+    """Each kernel takes (device, stream, args) by name, args its own argument struct: a
+    position, a misspelt name or another kernel's struct is refused before any launch."""
+    ext = _ext.load()
+    launch = getattr(ext, name)
     signature = launch.__doc__.split("\n")[0]
-    assert "(*, " in signature, signature  # every parameter after the keyword-only marker
-    arguments = signature.split("(*, ")[1].split(")")[0].split(", ")
+    assert signature.startswith(f"{name}(*, device: int, stream: int, args: "), signature
+    assert signature.split("args: ")[1].split(")")[0].endswith(struct), signature
     with pytest.raises(TypeError):
-        launch(*[0] * len(arguments))  # the right count, by position
+        launch(0, 0, None)  # by position
     with pytest.raises(TypeError):
-        launch(**{name.split(":")[0]: 0 for name in arguments[1:]}, strem=0)
+        launch(device=0, strem=0, args=None)
+    other = ext.ScaleArgs if struct != "ScaleArgs" else ext.SoftCapArgs
+    with pytest.raises(TypeError):
+        launch(device=0, stream=0, args=other(**_zero_fields(other)))
+
+
+def _zero_fields(cls: Any) -> dict[str, Any]:
+    """Every field name of an argument struct (its properties), each with value 0."""
+    names = [n for n, v in vars(cls).items() if type(v).__name__ == "property"]
+    assert names, cls
+    return dict.fromkeys(names, 0)
+
+
+def test_argument_structs_are_filled_by_field_name() -> None:
+    """A struct is built from every one of its fields by name (pointers as addresses):
+    a missing, unknown or mistyped name is a TypeError, so none is silently left zero."""
+    ext = _ext.load()
+    fields = _zero_fields(ext.ScaleRowsArgs)
+    assert sorted(fields) == sorted(["src", "src_dtype", "src_row_stride", "out", "out_dtype",
+                                     "out_row_stride", "rows", "cols", "factor"])
+    args = ext.ScaleRowsArgs(**{**fields, "out": 2**48 + 16, "rows": 3, "out_dtype": 1})
+    assert (args.out, args.rows, args.out_dtype, args.src) == (2**48 + 16, 3, 1, 0)
+    args.src = 64  # writable by name too
+    assert args.src == 64
+    with pytest.raises(TypeError, match="ScaleRowsArgs: missing field factor"):
+        ext.ScaleRowsArgs(**{k: v for k, v in fields.items() if k != "factor"})
+    with pytest.raises(TypeError, match="ScaleRowsArgs: unknown field colz"):
+        ext.ScaleRowsArgs(**fields, colz=1)
+    with pytest.raises(TypeError, match=r"ScaleRowsArgs.rows: cannot take"):
+        ext.ScaleRowsArgs(**{**fields, "rows": "3"})
+    with pytest.raises(TypeError):
+        ext.ScaleRowsArgs(*fields.values())  # never by position
+    with pytest.raises(AttributeError):
+        args.colz = 1  # a misspelt field raises instead of being ignored
+
+
+def test_every_wrapper_names_every_field_of_its_struct(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wrappers on CPU tensors, with the device checks passed and the launches recorded:
+    each builds its kernel's struct by name (a missing or misspelt field raises TypeError)."""
+    from rlk.ops.group_advantages.options import GroupAdvantagesOptions
+    from rlk.ops.policy_loss.options import PolicyLossOptions
+
+    from rlk_cuda import group_advantages, linear_policy_loss, policy_loss
+
+    ext = _ext.load()
+    launched: list[str] = []
+    for name in KERNELS:
+        monkeypatch.setattr(ext, name, lambda *, name=name, **_: launched.append(name))
+    for module in (logp, sample, group_advantages, linear, linear_policy_loss, policy_loss):
+        monkeypatch.setattr(module, "device_of", lambda name, tensor: 0)
+        monkeypatch.setattr(module, "stream", lambda device: 0)
+        monkeypatch.setattr(module, "same_device", lambda *_: None, raising=False)
+    for module in (logp, sample):
+        monkeypatch.setattr(module, "forward_segments", lambda device, vocab: (False, 2))
+    logits, tokens = torch.randn(4, 8), torch.zeros(4, dtype=torch.int64)
+    logp.forward(logits, tokens, 1.0, -100, None, None, True)
+    logp.backward(torch.ones(4), None, logits, tokens, 1.0, -100, None, torch.zeros(4), None,
+                  False)
+    sample.sample(logits, 1.0, 0, 1.0, 0.0, torch.zeros(4, dtype=torch.int64))
+    group_advantages.forward(torch.zeros(4), None, 2, 2, GroupAdvantagesOptions())
+    linear.soft_cap(logits, 30.0)
+    linear_policy_loss.scale_rows(logits, torch.ones(4), torch.empty_like(logits))
+    linear_policy_loss.scale_grads([torch.zeros(8)], torch.ones(()))
+    block = linear_policy_loss._Block.empty(0, 4, tokens, 1.0, logits.device)
+    linear_policy_loss._relative_probs(logits, torch.empty_like(logits), block, 0, 4, -100)
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    policy_loss.forward(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), mask, None, None,
+                        None, PolicyLossOptions())
+    policy_loss.backward(torch.ones(()), torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2),
+                         mask, None, None, None, PolicyLossOptions())
+    assert launched == ["logp_forward", "logp_backward", "sample", "group_advantages",
+                        "soft_cap", "scale_rows", "scale_by_device_factor", "relative_probs",
+                        "policy_loss_forward", "policy_loss_backward"]
+
+
+def test_dtype_codes_come_from_the_extension() -> None:
+    """One element type enum, named as torch's dtypes; bool is stored as uint8."""
+    from rlk_cuda._launch import dtype_codes
+
+    ext = _ext.load()
+    codes = dtype_codes()
+    assert codes[torch.bfloat16] == int(ext.DType.bfloat16)
+    assert codes[torch.bool] == codes[torch.uint8] == int(ext.DType.uint8)
+    assert len(set(codes.values())) == len(ext.DType.__members__) == 9
 
 
 @no_cuda

@@ -6,20 +6,33 @@ the package they run in.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
-DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+from . import _ext
+
+LOGITS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@functools.cache
+def dtype_codes() -> dict[torch.dtype, int]:
+    """The extension's element type codes (_C.DType, named as torch's dtypes); bool is
+    stored as uint8."""
+    members = _ext.load().DType.__members__
+    codes = {getattr(torch, name): int(code) for name, code in members.items()}
+    codes[torch.bool] = codes[torch.uint8]
+    return codes
 
 
 def dtype_code(name: str, tensor: Tensor) -> int:
-    """The extension's code for the tensor's dtype; TypeError for anything else."""
-    try:
-        return DTYPE_CODES[tensor.dtype]
-    except KeyError:
+    """The extension's code for a float32, bfloat16 or float16 tensor; TypeError for others."""
+    if tensor.dtype not in LOGITS_DTYPES:
         raise TypeError(
             f"{name} must be float32, bfloat16 or float16 for {__package__}; got {tensor.dtype}"
-        ) from None
+        )
+    return dtype_codes()[tensor.dtype]
 
 
 def device_of(name: str, tensor: Tensor) -> int:

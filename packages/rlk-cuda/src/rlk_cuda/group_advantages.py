@@ -40,11 +40,13 @@ def forward(rewards: Tensor, group_ids: Tensor | None, group_size: int, num_grou
         raise ValueError(f"group_size must be >= 1 without group_ids; got {group_size}")
     batch_std = (torch.empty(1, dtype=torch.float64, device=rewards.device)
                  if options.normalize == "batch-std" else None)
-    _ext.load().group_advantages(
-        device=device, stream=stream(device), rewards=rewards.data_ptr(), group_ids=ptr(ids),
-        N=rewards.numel(), num_groups=int(num_groups), group_size=int(group_size),
+    ext = _ext.load()
+    args = ext.GroupAdvArgs(
+        rewards=rewards.data_ptr(), group_ids=ptr(ids), order=ptr(order), N=rewards.numel(),
+        num_groups=int(num_groups), group_size=int(group_size),
         normalize=NORMALIZATIONS.index(options.normalize),  # rlk_api.h GroupAdvNormalize
         leave_one_out=options.baseline == "loo", nan_ignore=options.nan == "ignore",
         singleton_reward=options.singleton == "reward", eps=options.eps, out=out.data_ptr(),
-        order=ptr(order), batch_std=ptr(batch_std))
+        batch_std=ptr(batch_std))
+    ext.group_advantages(device=device, stream=stream(device), args=args)
     return out

@@ -26,7 +26,7 @@ from rlk.backend import Temperature, lm_head, shards
 from torch import Tensor
 
 from . import _ext
-from ._launch import DTYPE_CODES, device_of, dtype_code, f32_empty, ptr, stream
+from ._launch import device_of, dtype_code, dtype_codes, f32_empty, ptr, stream
 from .logp import launch_backward
 
 _DEFAULT_CHUNK_MB = 960  # see chunk_bytes
@@ -72,9 +72,8 @@ def soft_cap(logits: Tensor, softcap: float | None, grad: Tensor | None = None) 
     if softcap is None:
         return
     device = device_of("logits", logits)
-    _ext.load().soft_cap(
-        device=device,
-        stream=stream(device),
+    ext = _ext.load()
+    args = ext.SoftCapArgs(
         logits=ptr(logits),
         N=logits.shape[0],
         C=logits.shape[1],
@@ -84,6 +83,7 @@ def soft_cap(logits: Tensor, softcap: float | None, grad: Tensor | None = None) 
         grad_dtype=0 if grad is None else dtype_code("grad", grad),
         grad_row_stride=0 if grad is None else grad.stride(0),
     )
+    ext.soft_cap(device=device, stream=stream(device), args=args)
 
 
 def forward(
@@ -157,14 +157,12 @@ def _shard_forward(
     side.wait_stream(main)
     free: list[torch.cuda.Event | None] = [None, None]
 
-    def cols(phase: int, logits: Tensor | None, start: int, chunk: int) -> None:
+    def cols(logits: Tensor | None, start: int, chunk: int) -> None:
+        """One chunk's partial statistics, or with logits None the merge of all chunks."""
         width_here = 0 if logits is None else logits.shape[1]
-        ext.logp_cols(
-            phase=phase,
-            device=index,
-            stream=stream(index),
+        args = ext.LogpColsArgs(
             logits=ptr(logits),
-            dtype=DTYPE_CODES[torch.float32],  # the chunks are float32 logits
+            dtype=dtype_codes()[torch.float32],  # the chunks are float32 logits
             N=num,
             C=width_here,
             row_stride=0 if logits is None else logits.stride(0),
@@ -182,6 +180,8 @@ def _shard_forward(
             entropy=ptr(entropy),
             lse=ptr(lse),
         )
+        launch = ext.logp_cols_merge if logits is None else ext.logp_cols_partial
+        launch(device=index, stream=stream(index), args=args)
 
     for chunk, start in enumerate(range(0, vocab, width)):
         stop = min(vocab, start + width)
@@ -195,10 +195,10 @@ def _shard_forward(
         soft_cap(logits, softcap)
         side.wait_event(main.record_event())
         with torch.cuda.stream(side):
-            cols(0, logits, start, chunk)
+            cols(logits, start, chunk)
         free[slot] = side.record_event()
     with torch.cuda.stream(side):
-        cols(1, None, 0, 0)
+        cols(None, 0, 0)
     main.wait_stream(side)
     return logp, entropy, lse
 

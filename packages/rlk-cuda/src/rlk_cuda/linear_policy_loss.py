@@ -191,11 +191,12 @@ def scale_rows(src: Tensor, factor: Tensor, out: Tensor) -> Tensor:
         raise ValueError(f"scale_rows writes rows of unit column stride; got {out.stride()}")
     src = rows_major(src)
     device = device_of("src", src)
-    _ext.load().scale_rows(
-        device=device, stream=stream(device), src=ptr(src), src_dtype=dtype_code("src", src),
-        src_row_stride=src.stride(0), out=ptr(out), out_dtype=dtype_code("out", out),
-        out_row_stride=out.stride(0), rows=src.shape[0], cols=src.shape[1],
-        factor=ptr(factor.to(torch.float32).contiguous()))
+    ext = _ext.load()
+    args = ext.ScaleRowsArgs(
+        src=ptr(src), src_dtype=dtype_code("src", src), src_row_stride=src.stride(0),
+        out=ptr(out), out_dtype=dtype_code("out", out), out_row_stride=out.stride(0),
+        rows=src.shape[0], cols=src.shape[1], factor=ptr(factor.to(torch.float32).contiguous()))
+    ext.scale_rows(device=device, stream=stream(device), args=args)
     return out
 
 
@@ -211,9 +212,9 @@ def scale_grads(grads: list[Tensor], grad_loss: Tensor) -> None:
             grad.mul_(grad_loss)
             continue
         device = device_of("grad", grad)
-        ext.scale_by_device_factor(device=device, stream=stream(device), data=ptr(grad),
-                                   dtype=dtype_code("grad", grad), n=grad.numel(),
-                                   factor=ptr(grad_loss))
+        args = ext.ScaleArgs(data=ptr(grad), dtype=dtype_code("grad", grad), n=grad.numel(),
+                             factor=ptr(grad_loss))
+        ext.scale_by_device_factor(device=device, stream=stream(device), args=args)
 
 
 def plan(hidden: Tensor, weight: Tensor, policy: dict[str, Any], softcap: float | None = None,
@@ -287,8 +288,8 @@ def _relative_probs(logits: Tensor, out: Tensor, block: _Block, first: int, last
     temperature = block.temperature
     temp_rows = (temperature[first:last].to(torch.float32).contiguous()
                  if isinstance(temperature, Tensor) else None)
-    ext.relative_probs(
-        device=device, stream=stream(device), logits=ptr(logits), N=num, V=vocab,
+    args = ext.RelProbArgs(
+        logits=ptr(logits), N=num, V=vocab,
         row_stride=logits.stride(0), out=ptr(out), out_dtype=dtype_code("out", out),
         out_row_stride=out.stride(0), tokens=ptr(block.tokens[first:last]),
         temperature=1.0 if temp_rows is not None else float(temperature),
@@ -296,6 +297,7 @@ def _relative_probs(logits: Tensor, out: Tensor, block: _Block, first: int, last
         partial=ptr(partial), logp=ptr(block.logp[first:last]),
         entropy=ptr(block.entropy[first:last]), lse=ptr(block.lse[first:last]),
         scale=ptr(block.scale[first:last]))
+    ext.relative_probs(device=device, stream=stream(device), args=args)
 
 
 forward.plan = plan  # type: ignore[attr-defined]

@@ -65,9 +65,8 @@ def launch_forward(
     partial = None
     if tma or segments > 1:  # scratch for the rows' partial statistics, from torch's allocator
         partial = torch.empty(count * segments * 3, dtype=torch.float32, device=logits.device)
-    _ext.load().logp_forward(
-        device=device,
-        stream=stream(device),
+    ext = _ext.load()
+    args = ext.LogpFwdArgs(
         logits=ptr(logits),
         dtype=code,
         M=num_rows,
@@ -83,10 +82,12 @@ def launch_forward(
         logp_stride=1 if logp is None else logp.stride(0),
         entropy=ptr(entropy),
         lse=ptr(lse),
+        stats=0,
         nseg=segments,
         partial=ptr(partial),
-        tma=tma,
     )
+    launch = ext.logp_forward_tma if tma else ext.logp_forward
+    launch(device=device, stream=stream(device), args=args)
 
 
 def forward(
@@ -138,9 +139,8 @@ def launch_backward(
     temp, temp_value = _split(temperature, device)
     num_rows, vocab = logits.shape
     lse = lse.to(torch.float64).contiguous()  # callers holding a float32 lse lose nothing more
-    _ext.load().logp_backward(
-        device=device,
-        stream=stream(device),
+    ext = _ext.load()
+    args = ext.LogpBwdArgs(
         logits=ptr(logits),
         dtype=code,
         M=num_rows,
@@ -160,6 +160,7 @@ def launch_backward(
         col_offset=int(col_offset),
         vocab_total=int(vocab_total),
     )
+    ext.logp_backward(device=device, stream=stream(device), args=args)
 
 
 def _per_row(values: Tensor | None, rows: Tensor, num_rows: int, accumulate: bool) -> Tensor | None:

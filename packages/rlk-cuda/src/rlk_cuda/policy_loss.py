@@ -20,14 +20,10 @@ from rlk.backend import AGGREGATIONS, METRICS, OBJECTIVES, RATIO_LEVELS, PolicyL
 from torch import Tensor
 
 from . import _ext
-from ._launch import device_of, ptr, same_device, stream
+from ._launch import device_of, dtype_codes, ptr, same_device, stream
 
-# The extension's element type codes (rlk_api.h ElemType).
-ELEM_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3,
-              torch.bool: 4, torch.uint8: 4, torch.int8: 5, torch.int16: 6, torch.int32: 7,
-              torch.int64: 8}
 FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-MASKS = tuple(ELEM_TYPES)
+MASKS = (*FLOATS, torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 KL_VALUES = ("k1", "k2", "k3", "abs")  # the estimator's value; a "+" takes k2's gradient
 
 
@@ -35,29 +31,32 @@ KL_VALUES = ("k1", "k2", "k3", "abs")  # the estimator's value; a "+" takes k2's
 def settings(options: PolicyLossOptions) -> Any:
     """The options as the extension's PolicyLossSettings struct, built once per options
     object (None becomes 0, or -inf/+inf for the log-ratio clamp; see rlk_api.h)."""
-    s = _ext.load().PolicyLossSettings()
-    s.objective = OBJECTIVES.index(options.objective)
-    s.ratio_level = RATIO_LEVELS.index(options.ratio_level)
-    s.clip_low, s.clip_high = options.clip_low, options.clip_high
-    s.dual_clip = options.dual_clip or 0.0
-    s.ratio_cap = options.ratio_cap or 0.0
-    s.log_ratio_min = -float("inf") if options.log_ratio_min is None else options.log_ratio_min
-    s.log_ratio_max = float("inf") if options.log_ratio_max is None else options.log_ratio_max
-    s.sapo_temperature_pos = options.sapo_temperature_pos
-    s.sapo_temperature_neg = options.sapo_temperature_neg
-    s.vespo_k_pos, s.vespo_lambda_pos = options.vespo_k_pos, options.vespo_lambda_pos
-    s.vespo_k_neg, s.vespo_lambda_neg = options.vespo_k_neg, options.vespo_lambda_neg
-    s.kl_coef = options.kl_coef
-    s.kl_estimator = KL_VALUES.index(options.kl_base)
-    s.kl_straight_through = options.kl_straight_through
-    s.kl_clamp = options.kl_clamp or 0.0
-    s.kl_bias_correction = options.kl_bias_correction
-    s.tis_cap = options.tis_cap or 0.0
-    s.agg = AGGREGATIONS.index(options.agg)
-    s.divisor = options.divisor or 0.0
-    s.count_empty_rows = options.count_empty_rows
-    s.scale = options.scale
-    return s
+    return _ext.load().PolicyLossSettings(
+        objective=OBJECTIVES.index(options.objective),
+        ratio_level=RATIO_LEVELS.index(options.ratio_level),
+        clip_low=options.clip_low,
+        clip_high=options.clip_high,
+        dual_clip=options.dual_clip or 0.0,
+        ratio_cap=options.ratio_cap or 0.0,
+        log_ratio_min=-float("inf") if options.log_ratio_min is None else options.log_ratio_min,
+        log_ratio_max=float("inf") if options.log_ratio_max is None else options.log_ratio_max,
+        sapo_temperature_pos=options.sapo_temperature_pos,
+        sapo_temperature_neg=options.sapo_temperature_neg,
+        vespo_k_pos=options.vespo_k_pos,
+        vespo_lambda_pos=options.vespo_lambda_pos,
+        vespo_k_neg=options.vespo_k_neg,
+        vespo_lambda_neg=options.vespo_lambda_neg,
+        kl_coef=options.kl_coef,
+        kl_estimator=KL_VALUES.index(options.kl_base),
+        kl_straight_through=options.kl_straight_through,
+        kl_clamp=options.kl_clamp or 0.0,
+        kl_bias_correction=options.kl_bias_correction,
+        tis_cap=options.tis_cap or 0.0,
+        agg=AGGREGATIONS.index(options.agg),
+        divisor=options.divisor or 0.0,
+        count_empty_rows=options.count_empty_rows,
+        scale=options.scale,
+    )
 
 
 # Cached structs are extension objects: release them before the extension is torn down at
@@ -67,11 +66,12 @@ atexit.register(settings.cache_clear)
 
 def _operand(name: str, tensor: Tensor | None, shapes: tuple[tuple[int, ...], ...],
              where: torch.device, kept: list[Tensor],
-             dtypes: tuple[torch.dtype, ...] = FLOATS) -> tuple[int, int]:
-    """The data pointer and element type code of `tensor`, contiguous on `where` with one of
-    `shapes` ((0, 0) for None); what it points to stays in `kept` until the launch."""
+             dtypes: tuple[torch.dtype, ...] = FLOATS) -> Any:
+    """`tensor` as the extension's Operand (data pointer and element type; null for None),
+    contiguous on `where` with one of `shapes`; what it points to stays in `kept` until the
+    launch."""
     if tensor is None:
-        return 0, 0
+        return _ext.load().Operand(data=0, type=0)
     if tensor.dtype not in dtypes:
         raise TypeError(f"{name} must have dtype {', '.join(map(str, dtypes))} for {__package__}; "
                         f"got {tensor.dtype}")
@@ -81,7 +81,7 @@ def _operand(name: str, tensor: Tensor | None, shapes: tuple[tuple[int, ...], ..
         same_device(name, tensor, where.index)
     tensor = tensor.contiguous()
     kept.append(tensor)
-    return tensor.data_ptr(), ELEM_TYPES[tensor.dtype]
+    return _ext.load().Operand(data=tensor.data_ptr(), type=dtype_codes()[tensor.dtype])
 
 
 def _launch(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
@@ -101,26 +101,24 @@ def _launch(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
     per_row = ((batch,), full)
     kept: list[Tensor] = []
     ext = _ext.load()
-    logp_ptr, logp_type = _operand("logp", logp, (full,), where, kept)
-    old_ptr, old_type = _operand("old_logp", old_logp, (full,), where, kept)
-    adv_ptr, adv_type = _operand("advantages", advantages, per_row, where, kept)
-    mask_ptr, mask_type = _operand("mask", mask, (full,), where, kept, MASKS)
-    ref_ptr, ref_type = _operand("ref_logp", ref_logp, (full,), where, kept)
-    rollout_ptr, rollout_type = _operand("rollout_logp", rollout_logp, (full,), where, kept)
-    weights_ptr, weights_type = _operand("importance_weights", importance_weights, per_row,
-                                         where, kept)
     rows = torch.empty(batch, ext.POLICY_LOSS_ROW_STATS, dtype=torch.float64, device=where)
-    ext.policy_loss(backward=loss is None, device=device, stream=stream(device),
-                    logp=logp_ptr, logp_type=logp_type, old_logp=old_ptr, old_logp_type=old_type,
-                    advantages=adv_ptr, advantages_type=adv_type, mask=mask_ptr,
-                    mask_type=mask_type, ref_logp=ref_ptr, ref_logp_type=ref_type,
-                    rollout_logp=rollout_ptr, rollout_logp_type=rollout_type,
-                    importance_weights=weights_ptr, importance_weights_type=weights_type,
-                    B=batch, T=length, adv_per_token=advantages.dim() == 2,
-                    weights_per_token=importance_weights is not None
-                    and importance_weights.dim() == 2,
-                    settings=settings(options), rows=rows.data_ptr(), loss=ptr(loss),
-                    metrics=ptr(metrics), grad_loss=ptr(grad_loss), grad=ptr(grad))
+    args = ext.PolicyLossArgs(
+        logp=_operand("logp", logp, (full,), where, kept),
+        old_logp=_operand("old_logp", old_logp, (full,), where, kept),
+        advantages=_operand("advantages", advantages, per_row, where, kept),
+        mask=_operand("mask", mask, (full,), where, kept, MASKS),
+        ref_logp=_operand("ref_logp", ref_logp, (full,), where, kept),
+        rollout_logp=_operand("rollout_logp", rollout_logp, (full,), where, kept),
+        importance_weights=_operand("importance_weights", importance_weights, per_row, where,
+                                    kept),
+        B=batch, T=length, adv_per_token=advantages.dim() == 2,
+        weights_per_token=importance_weights is not None and importance_weights.dim() == 2,
+        s=settings(options),
+        rows=rows.data_ptr(),
+        loss=ptr(loss), metrics=ptr(metrics), grad_loss=ptr(grad_loss), grad=ptr(grad),
+        grad_type=0 if grad is None else dtype_codes()[grad.dtype])
+    launch = ext.policy_loss_backward if loss is None else ext.policy_loss_forward
+    launch(device=device, stream=stream(device), args=args)
 
 
 def forward(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,

@@ -36,9 +36,8 @@ def sample(
     scratch = f32_empty(batch * (2 + 3 * segments), device=where)
     seeds = seeds.to(torch.int64).contiguous()
     stats = ptr(scratch)
-    _ext.load().sample(
-        device=device,
-        stream=stream(device),
+    ext = _ext.load()
+    args = ext.SampleArgs(
         logits=ptr(logits),
         dtype=code,
         B=batch,
@@ -57,4 +56,5 @@ def sample(
         logp=ptr(logp),
         processed_logp=ptr(processed),
     )
+    ext.sample(device=device, stream=stream(device), args=args)
     return tokens, logp, processed

@@ -131,6 +131,7 @@ struct Terms {
   float value;           // the token's term: policy term (times its weight) + kl_coef * KL
   float grad_logp;       // d value / d logp with the log ratio held fixed
   float grad_log_ratio;  // d value / d log ratio
+  float grad_alone;      // their sum were the token its ratio's only one, without cancellation
   float stats[kMetrics]; // clipped, clip low, clip high, dual clipped, ratio, KL, truncated
 };
 
@@ -211,6 +212,7 @@ __device__ __forceinline__ Terms token_terms(const PolicyLossArgs& a, const Toke
   float kl = 0.0f;
   r.value = policy;
   r.grad_logp = policy_logp;
+  r.grad_alone = policy_logp + through;
   if (a.ref_logp.data != nullptr) {
     const float delta = x.logp - x.ref;
     // kl, its slope and `both` = slope + kl (rlk.native.policy_loss._kl): what kl * r has per
@@ -235,10 +237,11 @@ __device__ __forceinline__ Terms token_terms(const PolicyLossArgs& a, const Toke
       both = inside ? both : kl;
     }
     if (s.kl_straight_through) slope = delta, both = delta + kl;
-    float kl_through = 0.0f;
+    float kl_through = 0.0f, alone = slope;
     if (s.kl_bias_correction) {
+      alone = (passes ? both : slope) * ratio;
       if (s.ratio_level != kSequenceRatio) {  // both derivatives land on this token
-        slope = (passes ? both : slope) * ratio;
+        slope = alone;
       } else {
         slope *= ratio;
         kl_through = passes ? kl * ratio : 0.0f;
@@ -247,7 +250,10 @@ __device__ __forceinline__ Terms token_terms(const PolicyLossArgs& a, const Toke
     }
     r.value = policy + s.kl_coef * kl;
     r.grad_logp = policy_logp + s.kl_coef * slope;
-    through = through + s.kl_coef * kl_through;
+    r.grad_alone += s.kl_coef * alone;
+    // one rounding written out, never left to contraction: grad_kernel subtracts this very
+    // value from the row's sum of it (the forward's and the backward's launches)
+    through = fmaf(s.kl_coef, kl_through, through);
   }
   r.grad_log_ratio = through;
   st[4] = ratio;
@@ -412,15 +418,24 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(PolicyLossArgs a) {
                                                         : common;
     const float weight = static_cast<float>(per_row);
     const float sequence = static_cast<float>(row[kSequence]);
-    // the exact sequence ratio: d log ratio / d logp_t = 1 / tokens for every real token
-    const float shared = static_cast<float>(per_row * row[kThroughRatio] / fmax(tokens, 1.0));
+    // the exact sequence ratio: d log ratio / d logp_t = 1 / L for each of the L real tokens.
+    // A token takes its own terms (its own share through the ratio in the cancellation-free
+    // grad_alone) and 1 / L of the others' through the ratio: the row's float64 sum less its
+    // own (rlk.native.policy_loss._sequence_ratio_grad).
+    const double count = fmax(tokens, 1.0);
+    const float own_share = static_cast<float>(1.0 / count);
     for (int64_t t = threadIdx.x; t < a.T; t += kThreads) {
       const Token x = load_token(a, b, t);
       float grad = 0.0f;
       if (x.real) {
         const Terms terms = token_terms(a, x, token_log_ratio(a, x, sequence), sequence);
-        grad = spread ? weight * terms.grad_logp + shared
-                      : weight * (terms.grad_logp + terms.grad_log_ratio);
+        if (spread) {
+          const double others = row[kThroughRatio] - static_cast<double>(terms.grad_log_ratio);
+          grad = weight * (terms.grad_logp * (1.0f - own_share) + terms.grad_alone * own_share)
+                 + static_cast<float>(per_row * others / count);
+        } else {
+          grad = weight * terms.grad_alone;
+        }
         grad *= upstream;
       }
       store(a.grad, a.grad_type, b * a.T + t, grad);

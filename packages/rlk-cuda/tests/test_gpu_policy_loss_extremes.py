@@ -2,8 +2,8 @@
 
 The same cases as the native audit (packages/rlk-core/tests/test_policy_loss_extremes.py):
 every objective and KL estimator, with and without bias correction, at log ratios of
-+-30, against the float64 reference; and against the native backward, whose formulas the
-kernel shares.
++-30, and sequences of one token under the sequence ratio, against the float64 reference;
+and against the native backward, whose formulas the kernel shares.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from rlk.ops.policy_loss.audit import (
     audit_inputs,
     audit_options,
     case_name,
+    one_token_inputs,
     reference_gradient,
 )
 from rlk.ops.policy_loss.options import PolicyLossOptions
@@ -24,6 +25,7 @@ from rlk_cuda import policy_loss as kernels
 
 pytestmark = pytest.mark.gpu
 AUDIT = audit_options()
+SEQUENCE = [o for o in AUDIT if o.ratio_level == "sequence"]
 
 
 def _kernel_gradient(inputs: dict, options: PolicyLossOptions) -> torch.Tensor:
@@ -44,6 +46,11 @@ def _check(inputs: dict, options: PolicyLossOptions) -> None:
 @pytest.mark.parametrize("options", AUDIT, ids=[case_name(o) for o in AUDIT])
 def test_cuda_gradient_matches_float64_at_the_extremes(options: PolicyLossOptions) -> None:
     _check(audit_inputs(seed=len(case_name(options))), options)
+
+
+@pytest.mark.parametrize("options", SEQUENCE, ids=[case_name(o) for o in SEQUENCE])
+def test_cuda_gradient_of_one_token_sequences_does_not_cancel(options: PolicyLossOptions) -> None:
+    _check(one_token_inputs(seed=len(case_name(options))), options)
 
 
 @pytest.mark.parametrize("temperature", (0.05, 1.0, 20.0))

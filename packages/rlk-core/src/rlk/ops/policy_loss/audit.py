@@ -53,6 +53,22 @@ def audit_inputs(seed: int, rows: int = len(ADVANTAGES), tokens: int = 24) -> di
             "mask": mask, "ref_logp": logp - _grid(delta)}
 
 
+def one_token_inputs(seed: int) -> dict:
+    """Sequences of one real token (and one masked) at every `PAIRS` entry and advantage.
+    Under the sequence ratio the ratio is then the token's own, so the bias-corrected KL's
+    gradient is as well conditioned as at token level (k3: delta * r) although its share
+    through the ratio and its own slope are each ~e^-delta * r: the sum must not cancel."""
+    gen = torch.Generator().manual_seed(seed)
+    pairs = torch.tensor(PAIRS).repeat(len(ADVANTAGES), 1)
+    logp = _grid(-torch.rand(len(pairs), 2, generator=gen) * 8)
+    log_ratio = torch.stack([pairs[:, 0], torch.zeros(len(pairs))], dim=1)
+    delta = torch.stack([pairs[:, 1], torch.zeros(len(pairs))], dim=1)
+    return {"logp": logp, "old_logp": logp - _grid(log_ratio),
+            "advantages": torch.tensor(ADVANTAGES).repeat_interleave(len(PAIRS)),
+            "mask": torch.tensor([[True, False]]).expand(len(pairs), 2),
+            "ref_logp": logp - _grid(delta)}
+
+
 def reference_gradient(inputs: dict, options: PolicyLossOptions) -> torch.Tensor:
     """d loss / d logp in float64 by autograd through the reference."""
     leaf = inputs["logp"].double().requires_grad_(True)

@@ -14,7 +14,7 @@ OUT="${OUT:-$PWD/bench-results}"
 PY="${PYTHON:-python3}"
 logs="$OUT/fuzz"
 mkdir -p "$logs"
-rm -f "$logs"/test_fuzz_*.log
+rm -f "$logs"/test_fuzz_*.log "$logs"/test_fuzz_*.stacks
 export PYTHONUNBUFFERED=1 RLK_STRICT_PLUGINS="${RLK_STRICT_PLUGINS:-1}" OMP_NUM_THREADS=1
 export RLK_FUZZ_DEVICE="${RLK_FUZZ_DEVICE:-cuda}" RLK_BACKENDS="${RLK_BACKENDS:-cuda}"
 export RLK_FUZZ_SEED="${RLK_FUZZ_SEED:-random}" RLK_FUZZ_EXAMPLES="$examples"
@@ -32,10 +32,14 @@ waves=$(( (${#nodes[@]} + jobs - 1) / jobs ))
 share=$(( seconds / (waves > 0 ? waves : 1) ))
 echo "${#nodes[@]} tests, $jobs at a time, ${share}s each"
 export share logs PY
+# a process still running 30 s after its SIGINT writes every thread's stack (RLK_FUZZ_STACKS)
+# before the KILL at 60 s
 printf '%s\n' "${nodes[@]}" | cat -n | xargs -P "$jobs" -L 1 bash -c \
   'echo "$1" >"$logs/test_fuzz_$0.log"
+   RLK_FUZZ_STACKS="$(( share + 30 )):$logs/test_fuzz_$0.stacks" \
    timeout -s INT -k 60 "$share" "$PY" -m pytest "$1" -q -p no:cacheprovider \
-     >>"$logs/test_fuzz_$0.log" 2>&1; true'
+     >>"$logs/test_fuzz_$0.log" 2>&1
+   [[ $? == 137 ]] && echo "KILLED 60 s after its SIGINT" >>"$logs/test_fuzz_$0.log"; true'
 echo "=== seeds and results"
 for log in "$logs"/test_fuzz_*.log; do
   seed=$(grep -m1 -o "seed [0-9]*" "$log")
@@ -43,8 +47,12 @@ for log in "$logs"/test_fuzz_*.log; do
   if grep -q "KeyboardInterrupt" "$log"; then  # cut at its budget (a failure says FAILED)
     result="cut after ${share}s, no failure"
   fi
+  if grep -q "^KILLED" "$log"; then  # no summary: say so, and where it was
+    result="killed, result unknown; its stacks 30 s after the SIGINT:"
+  fi
   echo "$(head -1 "$log"): $seed: $result"
   grep -E "^(FAILED|ERROR) " "$log"
+  grep -q "^KILLED" "$log" && sed 's/^/    /' "${log%.log}.stacks" | head -40
 done
 echo "=== examples per op (summed over processes)"
 cat "$logs"/test_fuzz_*.log | awk '/^  .* [0-9]+ examples$/ {

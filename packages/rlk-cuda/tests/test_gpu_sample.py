@@ -133,6 +133,19 @@ def test_all_equal_row_keeps_every_tie() -> None:
     torch.testing.assert_close(plp, torch.full_like(plp, -torch.log(torch.tensor(5000.0)).item()))
 
 
+@pytest.mark.parametrize("temperature", [1.0, 2.0**-126])
+@pytest.mark.parametrize("positive", [0, 8, 9])
+def test_signed_zeros_are_one_tie(temperature: float, positive: int) -> None:
+    """Rounded logits of a small row are -0.0 and +0.0, equal values: top_k = 1 keeps all of
+    them (the GPU fuzz found a +0 among -0s dropped from the candidates, 1/9 for 1/10)."""
+    logits = torch.full((256, 10), -0.0, device="cuda")
+    logits[:, positive] = 0.0
+    tokens, _, plp = sample(logits, temperature, 1, 1.0, 0.0, torch.arange(256, device="cuda"))
+    torch.testing.assert_close(plp, torch.full_like(plp, -math.log(10.0)), rtol=0, atol=1e-6)
+    assert int(tokens.min()) >= 0 and int(tokens.max()) < 10
+    assert bool((tokens == positive).any()), "the +0 is never drawn"
+
+
 @pytest.mark.parametrize(
     ("top_k", "top_p", "min_p"), [(0, 1.0, 0.0), (4, 1.0, 0.0), (0, 0.8, 0.0), (6, 0.9, 0.1)]
 )

@@ -1,66 +1,15 @@
-"""Where the flashinfer backend's `sample` spends its time, stage by stage.
+"""Where the flashinfer backend's `sample` spends its time, stage by stage: the calls of
+rlk_flashinfer.bench, each timed by rlk.bench.studies.host (host time without a sync, wall
+time drained).
 
-Times each stage of rlk_flashinfer.sampler on one batch (bf16, B=256, V=151936, T=0.8,
-top-k 50, top-p 0.95, random seeds per row): logits of std 3, served from their shortlists,
-and the same scaled by 0.02 under top-p alone, whose nuclei take the whole-vocabulary path;
-then the whole call on each and plain sampling, beside FlashInfer's own sampler and
-rlk.sample on the best installed backend. Host time is the loop without a sync, wall time
-the loop drained.
-  python benchmarks/flashinfer/sample_stages.py     (needs FlashInfer and a CUDA device)
+    python benchmarks/flashinfer/sample_stages.py     (needs FlashInfer and a CUDA device)
 """
-
-from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 
-import rlk
-from rlk.bench.timing import host_and_wall_ms
-from rlk.ops.sample.op import drawn_logp
-from rlk_flashinfer import kernel, sampler, shortlist
-
-DEVICE = torch.device("cuda")
-BATCH, VOCAB = 256, 151936
-TEMPERATURE, TOP_K, TOP_P = 0.8, 50, 0.95
-
-
-def report(name: str, call: Callable[[], object], reps: int = 20) -> None:
-    host, wall = host_and_wall_ms(call, reps, DEVICE)
-    print(f"{name:58s} host {host:7.3f} ms  wall {wall:7.3f} ms")
-
-
-def main() -> None:
-    import flashinfer.sampling as fi
-
-    logits = (torch.randn(BATCH, VOCAB, device=DEVICE) * 3).to(torch.bfloat16)
-    flat = logits * 0.02  # with top-p alone, nuclei far past the shortlist: whole vocabulary
-    seeds = torch.randint(0, 2**62, (BATCH,), dtype=torch.int64, device=DEVICE)
-    size = shortlist.size(VOCAB, TOP_K, TOP_P, 0.0) or VOCAB
-    tokens = torch.empty(BATCH, dtype=torch.int64, device=DEVICE)
-    processed = torch.empty(BATCH, dtype=torch.float32, device=DEVICE)
-    maxima, sums = kernel.chunk_statistics(logits, TEMPERATURE)
-    values, indices = sampler._shortlists(logits, size)
-    report("chunk statistics (Triton)", lambda: kernel.chunk_statistics(logits, TEMPERATURE))
-    report(f"flashinfer top_k (K={size}, unsorted, deterministic)",
-           lambda: sampler._shortlists(logits, size))
-    report("per-row kernel, shortlist rows (Triton)", lambda: kernel.sample(
-        logits, seeds, maxima, sums, values, indices, TEMPERATURE, TOP_K, TOP_P, 0.0, tokens,
-        processed))
-    report("logp of the tokens (rlk.logp)", lambda: drawn_logp(logits, tokens, TEMPERATURE))
-    for name, rows, k, p in (("shortlist rows, top-k and top-p", logits, TOP_K, TOP_P),
-                             ("flat rows, top-p alone (whole vocabulary)", flat, 0, TOP_P),
-                             ("plain sampling", logits, 0, 1.0)):
-        report(f"whole call, {name}", lambda r=rows, k=k, p=p: sampler.sample(
-            r, TEMPERATURE, k, p, 0.0, seeds))
-    report("FlashInfer's own sampler (softmax, top_k_top_p_sampling_from_probs; tokens only)",
-           lambda: fi.top_k_top_p_sampling_from_probs(
-               fi.softmax(logits, temperature=TEMPERATURE), TOP_K, TOP_P,
-               filter_apply_order="joint"))
-    report(f"rlk.sample on {rlk.explain('sample', logits).backend}, int seed",
-           lambda: rlk.sample(logits, temperature=TEMPERATURE, top_k=TOP_K, top_p=TOP_P,
-                              seed=1))
-
+from rlk.bench.studies import host
+from rlk_flashinfer.bench import sample_stages
 
 if __name__ == "__main__":
-    main()
+    for name, call in sample_stages():
+        print(host.line(name, call, 20, torch.device("cuda"), width=58))

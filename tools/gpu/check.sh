@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # rlk-cuda on the GPU machine: build the extension, run the GPU tests (and the core
-# conformance kit on the cuda backend), optionally compute-sanitizer, then the timing table.
+# conformance kit on the cuda backend), optionally compute-sanitizer, then the bench's kernel
+# workloads on the cuda backend in bfloat16 beside eager and torch.compile (--quick: no peers),
+# reports under $OUT/bench (tools/gpu/bench.sh runs the whole suite with every peer).
 # Usage (repository root): tools/gpu/check.sh [--sanitize | --quick]   results go to $OUT (or ./bench-results)
 set -uo pipefail
 OUT="${OUT:-$PWD/bench-results}"
@@ -27,7 +29,10 @@ if [[ -z "$QUICK" ]] && "$PY" -c "import rlk.testing" 2>/dev/null; then
      --pyargs rlk.testing --rlk-backend cuda 2>&1 | tee "$OUT/conformance.log" | tail -15)
 fi
 step benchmark
-"$PY" tools/gpu/bench.py "$OUT" $QUICK 2>&1 | tee "$OUT/bench.log" | tail -30
+PEERS="eager,compile"; [[ -n "$QUICK" ]] && PEERS=""
+"$PY" benchmarks/profiler.py --workloads logp,logp-bwd,sample,group-advantages,linear-logp \
+  --backends cuda --peers "$PEERS" --dtype bfloat16 --time-limit "${RLK_BENCH_TIME_LIMIT:-300}" \
+  --output-dir "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -30
 if [[ "${1:-}" == "--sanitize" ]]; then
   cd packages/rlk-cuda
   step compute-sanitizer memcheck

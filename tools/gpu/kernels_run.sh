@@ -3,7 +3,7 @@
 # (scratch/whl, carried; else build it here) and the peers (.whl, carried); FlashInfer's sampling JIT in the
 # background; every rlk-cuda GPU test (memcheck on the alignment tests beside them); then the
 # logp sweeps (aligned and unaligned rows, rlk:cuda only), the sample sweep beside FlashInfer,
-# the replayed wall times of tools/gpu/capture_times.py and tools/gpu/capture_warmups.py.
+# the eager and replayed wall times and the capture warm-ups (benchmarks/cuda/capture.py).
 #   RLK_GPU_BUDGET=540 tools/gpu/kernels_run.sh   (results under $OUT)
 # Steps to skip: RLK_SKIP="tests sweep sample times warmups" (any of them).
 . "$(dirname "$0")/common.sh"
@@ -59,10 +59,10 @@ if ! skip sample; then
 fi
 if ! skip times; then
   say "replayed wall times"
-  timeout 120 "$PY" tools/gpu/capture_times.py 2>&1 | tee "$OUT/capture-times.md"
+  timeout 120 "$PY" benchmarks/cuda/capture.py times 2>&1 | tee "$OUT/capture-times.md"
 fi
 if ! skip warmups; then
   say "capture after each warm-up"
-  timeout 150 "$PY" tools/gpu/capture_warmups.py 2>&1 | tee "$OUT/capture-warmups.txt"
+  timeout 150 "$PY" benchmarks/cuda/capture.py warmups 2>&1 | tee "$OUT/capture-warmups.txt"
 fi
 say "done"

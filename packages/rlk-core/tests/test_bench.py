@@ -331,6 +331,30 @@ def test_seed_entry_points(script: str, tmp_path: Path) -> None:
     assert (out / "report.csv").exists() and (out / "report.md").exists()
 
 
+@pytest.mark.parametrize("command", [
+    ["benchmarks/cpu/small_ops_overhead.py", "--reps", "3"],
+    ["benchmarks/cpu/kernel_checks_overhead.py", "--reps", "3"],
+    ["benchmarks/linear_logp_cpu.py", "--n", "8", "--h", "4", "--v", "16", "--reps", "1"],
+])
+def test_cpu_studies_run(command: list[str]) -> None:
+    done = subprocess.run([sys.executable, str(REPO / command[0]), *command[1:]], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert " ms" in done.stdout or " us" in done.stdout
+
+
+def test_the_shuffled_group_advantages_rows_are_checked_in_group_order() -> None:
+    from rlk.bench.workloads import group_advantages as adv
+
+    case = adv.sweep_case(16, 4, "shuffled")
+    x = adv.adv_inputs(case, torch.float32, torch.device("cpu"), 0, False)
+    found = adv.adv_reference(x, False)
+    right = adv.eager_ids_advantages(x["rewards"], x["group_ids"])
+    assert adv.adv_compare(found, {"advantages": right}, x)[0].max_abs < 1e-5
+    wrong = adv.eager_advantages(x["rewards"], 4)  # groups of consecutive shuffled rewards
+    assert adv.adv_compare(found, {"advantages": wrong}, x)[0].max_abs > 1e-3
+
+
 def test_a_named_commit_wins_over_a_copied_git_tree(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLK_BENCH_COMMIT", "0123abc")
     assert metadata.commit() == {"sha": "0123abc", "dirty": None}

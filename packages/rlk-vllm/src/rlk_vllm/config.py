@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 REQUEST_MODES = ("separate", "n")
-# Measured (benchmarks/request_mode.py, CPU, tiny model): one request with n=G was 3-6%
+# Measured (benchmarks/vllm/request_mode.py, CPU, tiny model): one request with n=G was 3-6%
 # faster than G separate requests, with identical tokens. See docs/backends/vllm.md.
 DEFAULT_REQUEST_MODE = "n"
 # The two vLLM modes that return log-probs (the *_logits modes return logits instead).

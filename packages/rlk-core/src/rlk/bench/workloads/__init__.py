@@ -18,7 +18,8 @@ from rlk.bench.workloads import (
 )
 
 ORDER = ("logp", "logp-bwd", "logp-unaligned", "linear-logp", "linear-policy-loss", "sample",
-         "logp-entropy", "policy-loss", "group-advantages", "logp-native", "trl-grpo")
+         "logp-entropy", "policy-loss", "group-advantages", "logp-native", "trl-grpo",
+         "group-advantages-sweep")
 # one module per op, named after it, and whole trainer steps (tests/test_op_table.py checks
 # both against the op table)
 MODULES = (logp, linear_logp, linear_policy_loss, sample, policy_loss, group_advantages)

@@ -1,10 +1,11 @@
 """Which request shape is faster for GRPO groups: G separate requests or one with n=G?
 
-Runs both shapes on the same engine, same prompts and seeds, checks that the tokens
-are identical, and prints the median wall time of each. Usage (CPU, tiny model):
+Runs both shapes on the same engine, same prompts and seeds, checks that the tokens are
+identical, and prints the median wall time of each. It lives here, not in rlk.bench,
+because rlk-core never imports vLLM. Entry point (CPU, tiny model):
 
-    VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 \
-        python packages/rlk-vllm/benchmarks/request_mode.py --prompts 16 --group 8
+    VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 \\
+        python benchmarks/vllm/request_mode.py --prompts 16 --group 8
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 
 import torch
 
@@ -20,8 +22,8 @@ from rlk_vllm import RolloutExecutor, VLLMSamplerConfig
 from rlk_vllm.tiny import save_tiny_llama
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def request_mode(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--model", help="model path (default: a tiny random Llama)")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--group", type=int, default=8)
@@ -30,7 +32,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
     parser.add_argument("--dtype", default="float32")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or str(save_tiny_llama(tmp))
         config = VLLMSamplerConfig(
@@ -67,7 +69,4 @@ def main() -> None:
         for mode, values in times.items():
             print(f"  {mode:9s} median {statistics.median(values) * 1e3:8.1f} ms "
                   f"(min {min(values) * 1e3:.1f}, max {max(values) * 1e3:.1f}, n={len(values)})")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

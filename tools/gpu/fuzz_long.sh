@@ -6,6 +6,8 @@
 # GPU (default): inputs on cuda:0, the cuda backend first; rlk-cuda must be installed (e.g.
 # after tools/gpu/check.sh in the same call). CPU: RLK_FUZZ_DEVICE=cpu RLK_BACKENDS=native.
 # RLK_FUZZ_MODULES narrows the run to some modules (paths, space-separated).
+# RLK_FUZZ_COPIES="SUBSTRING=N ..." runs N processes (each its own seed) of every test whose
+# id contains SUBSTRING: the slow ops reach the example count in the same wall time.
 # Usage (repository root): tools/gpu/fuzz_long.sh [SECONDS [EXAMPLES]]   logs go to $OUT/fuzz
 set -uo pipefail
 seconds="${1:-240}"
@@ -27,6 +29,14 @@ echo "=== fuzz long run: device $RLK_FUZZ_DEVICE, backends $RLK_BACKENDS, ${seco
 # shellcheck disable=SC2086  # the module list splits on spaces
 mapfile -t nodes < <("$PY" -m pytest --collect-only -q -p no:cacheprovider -m "not xfail" \
   ${RLK_FUZZ_MODULES:-packages/rlk-core/tests/fuzz} 2>/dev/null | grep "::")
+for rule in ${RLK_FUZZ_COPIES:-}; do
+  pattern="${rule%=*}" copies="${rule##*=}"
+  for node in "${nodes[@]}"; do
+    if [[ "$node" == *"$pattern"* ]]; then
+      for (( copy = 1; copy < copies; copy++ )); do nodes+=("$node"); done
+    fi
+  done
+done
 jobs="${RLK_FUZZ_JOBS:-$(nproc)}"
 waves=$(( (${#nodes[@]} + jobs - 1) / jobs ))
 share=$(( seconds / (waves > 0 ? waves : 1) ))

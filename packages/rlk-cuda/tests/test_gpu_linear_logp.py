@@ -191,3 +191,39 @@ def test_zero_width_hidden_gives_the_bias_softmax() -> None:
     assert (logp[:2].double() - want).abs().max() < 1e-6 and logp[2] == 0
     assert leaves[0].grad.shape == (3, 0) and leaves[1].grad.shape == (5, 0)
     assert torch.isfinite(leaves[2].grad).all()
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_a_float32_weight_under_autocast_gets_its_gradient_unrounded(
+        monkeypatch: pytest.MonkeyPatch, with_bias: bool) -> None:
+    """Mixed precision's float32 master weight (TRL's default): the GEMMs run in bfloat16,
+    the weight's gradient comes back float32 without the 2^-9 rounding of a bfloat16 one
+    (issue #26's GPU parity: TRL's fused head keeps it). It rounds to the bfloat16 weight's
+    gradient, and it is closer to float64 over the same operands."""
+    import rlk
+
+    monkeypatch.setenv("RLK_CUDA_CHUNK_MB", "1")  # several vocabulary chunks
+    hidden, weight, tokens = _head(2048, 256, 5000, torch.float32)
+    bias = torch.randn(5000, device="cuda") if with_bias else None
+    grad = torch.randn(2048, device="cuda")
+
+    def weight_grads(weight: torch.Tensor, bias: torch.Tensor | None) -> list[torch.Tensor]:
+        leaves = [weight.clone().requires_grad_(True)]
+        leaves += [] if bias is None else [bias.clone().requires_grad_(True)]
+        with rlk.use_backends("cuda", strict=True), torch.autocast("cuda", dtype=torch.bfloat16):
+            logp = rlk.linear_logp(hidden, leaves[0], tokens, bias=None if bias is None
+                                   else leaves[1])
+        return list(torch.autograd.grad(logp, leaves, grad))
+
+    mixed = weight_grads(weight, bias)
+    reduced = weight_grads(weight.bfloat16(), None if bias is None else bias.bfloat16())
+    h64, w64 = hidden.bfloat16().double(), weight.bfloat16().double().requires_grad_(True)
+    b64 = None if bias is None else bias.bfloat16().double().requires_grad_(True)
+    want_lp, _ = logp_entropy(h64 @ w64.t() + (0 if b64 is None else b64), tokens, 1.0, -100)
+    wants = torch.autograd.grad((want_lp * grad.double()).sum(),
+                                [w64] + ([] if b64 is None else [b64]))
+    for kept, rounded, want in zip(mixed, reduced, wants, strict=True):
+        assert kept.dtype == torch.float32 and rounded.dtype == torch.bfloat16
+        step = rounded.float().abs() * 2.0**-7 + 1e-30  # one bfloat16 step
+        assert ((kept.bfloat16().float() - rounded.float()).abs() <= step).all()
+        assert (kept.double() - want).norm() < 0.8 * (rounded.double() - want).norm()

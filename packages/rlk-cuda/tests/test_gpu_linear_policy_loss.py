@@ -380,3 +380,38 @@ def test_float16_overflow_is_signalled_wherever_float64_overflows(backend: str) 
         fine = got.isfinite()
         torch.testing.assert_close(got[fine].double(), expected[fine], atol=3e-4, rtol=5e-3)
 
+
+
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.01])  # the one-read path; the two-read one
+def test_a_float32_weight_under_autocast_accumulates_its_gradient_in_float32(
+        monkeypatch: pytest.MonkeyPatch, entropy_coef: float) -> None:
+    """The float32 master weight of mixed precision (TRL's default): the GEMMs run in
+    bfloat16 and its gradient accumulates over the row blocks in float32, so it is closer to
+    float64 over the same bfloat16 operands than a bfloat16 weight's, which is rounded once
+    per block (issue #26's GPU parity)."""
+    monkeypatch.setenv("RLK_CUDA_CHUNK_MB", "16")  # several row blocks
+    data = _data(4, 512, 512, 16384, torch.float32, seed=6)
+    options = _options("grpo-k3", data)
+    args = (data["tokens"], data["old_logp"], data["advantages"], data["mask"])
+    hidden = data["hidden"].bfloat16()
+
+    def weight_grad(weight: torch.Tensor) -> torch.Tensor:
+        leaf = weight.clone().requires_grad_(True)
+        with rlk.use_backends("cuda", strict=True), torch.autocast("cuda", dtype=torch.bfloat16):
+            loss, _ = rlk.linear_policy_loss(hidden, leaf, *args, entropy_coef=entropy_coef,
+                                             **options)
+        loss.backward()
+        return leaf.grad
+
+    kept, rounded = weight_grad(data["weight"]), weight_grad(data["weight"].bfloat16())
+    w64 = data["weight"].bfloat16().double().requires_grad_(True)
+    want = reference.linear_policy_loss(
+        hidden.double().reshape(-1, 512), w64, data["tokens"].reshape(-1),
+        old_logp=data["old_logp"], advantages=data["advantages"], mask=data["mask"],
+        entropy_coef=entropy_coef, **_reference_options(options))
+    want[0].backward()
+    assert kept.dtype == torch.float32 and rounded.dtype == torch.bfloat16
+    kept_error, rounded_error = _relative(kept, w64.grad), _relative(rounded, w64.grad)
+    print(f"\ngrad_weight rel: float32 weight {kept_error:.2e}, bfloat16 weight "
+          f"{rounded_error:.2e}")
+    assert kept_error < 0.8 * rounded_error

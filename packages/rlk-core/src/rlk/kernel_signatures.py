@@ -83,9 +83,11 @@ class LinearLogpForward(Protocol):
                  temperature: Temperature, ignore_index: int, with_entropy: bool,
                  group: ProcessGroup | None,
                  softcap: float | None) -> tuple[Tensor, Tensor | None, Tensor]:
-        """hidden [N, H], weight [V_local, H], bias [V_local] or None, one dtype; tokens [N]
-        int64 (global ids); temperature with logit_scale folded in; group None or the process
-        group sharding `weight` by vocabulary; softcap None or a float > 0.
+        """hidden [N, H], weight [V_local, H], bias [V_local] or None, one dtype (a kernel
+        with the float32_weight property: weight and bias may be float32 beside a reduced
+        hidden; the GEMMs run in hidden's dtype); tokens [N] int64 (global ids); temperature
+        with logit_scale folded in; group None or the process group sharding `weight` by
+        vocabulary; softcap None or a float > 0.
 
         Returns (logp [N] float32, entropy [N] float32 or None, lse [N] float64)."""
         ...

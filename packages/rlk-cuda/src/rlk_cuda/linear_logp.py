@@ -6,7 +6,9 @@ softmax statistics by a kernel that overlaps the next chunk's GEMM, then merged 
 Backward: vocabulary chunks over all rows. Each chunk's logits are recomputed, the logp backward
 kernel turns them into their gradient in the GEMM input dtype, and two GEMMs consume it:
 grad_hidden accumulates in float32 across chunks, and grad_weight[chunk] comes from one GEMM over
-all rows (float32 accumulation inside cuBLAS), so no float32 copy of the weight ever exists.
+all rows (float32 accumulation inside cuBLAS), written in the weight's dtype: a reduced weight
+gets no float32 copy, a float32 weight beside a reduced hidden (the float32_weight property) is
+read through one reduced copy and gets its gradient in float32 unrounded.
 Soft-capping (rlk.backend.lm_head's contract) adds one in-place pass over each chunk, and one more
 for its chain rule in the backward.
 
@@ -137,7 +139,7 @@ def _shard_forward(
     if num == 0:
         return logp, entropy, lse
     index = device_of("hidden", hidden)
-    operand = lm_head.gemm_weight(weight)
+    operand = lm_head.gemm_weight(weight, hidden.dtype)
     # Vocabulary chunks over all rows (large GEMMs). Two half-budget buffers: the reduction of
     # one chunk (memory-bound, side stream) runs under the GEMM of the next (caller's stream).
     width = _chunk_width(num, vocab, 4, 2)
@@ -228,11 +230,12 @@ def accumulate_mm(acc: Tensor, a: Tensor, b: Tensor) -> None:
 
 
 def _mm_into(out: Tensor, a: Tensor, b: Tensor) -> None:
-    """out = a @ b, written in place when the dtypes allow it."""
+    """out = a @ b in place, accumulated in float32 and rounded once to out's dtype (the
+    operands', or float32: a float32 weight's gradient from reduced operands)."""
     if out.dtype == a.dtype:
         torch.mm(a, b, out=out)
     else:
-        out.copy_(torch.mm(a, b))
+        torch.mm(a, b, out_dtype=torch.float32, out=out)
 
 
 def backward(
@@ -317,7 +320,7 @@ def _shard_backward(
         if grad_b is not None:
             grad_b.zero_()
         return grad_h, grad_w, grad_b
-    operand = lm_head.gemm_weight(weight)
+    operand = lm_head.gemm_weight(weight, hidden.dtype)
     # float32 logits, and their gradient in the GEMM input dtype: in place when that is float32,
     # unless the soft cap's chain rule needs the capped logits after the gradient is written
     separate = operand.dtype != torch.float32 or softcap is not None

@@ -14,9 +14,10 @@ logits are never read a second time.
 Otherwise, per block: the float32 logits, the logp forward kernel, the policy loss's token
 gradients, the logp backward kernel writing d loss / d logits in the GEMM input dtype, then
 the same two GEMMs. grad_weight accumulates in the weight's dtype through cuBLAS (float32
-arithmetic, one rounding per block), so no float32 copy of the weight's shape exists: the
-extra memory is the two buffers, together within rlk_cuda.linear_logp.chunk_bytes()
-(RLK_CUDA_CHUNK_MB).
+arithmetic, one rounding per block), so a reduced weight gets no float32 copy of its shape:
+the extra memory is the two buffers, together within rlk_cuda.linear_logp.chunk_bytes()
+(RLK_CUDA_CHUNK_MB). A float32 weight beside a reduced hidden (the float32_weight property)
+is read through one reduced copy and its gradient accumulates in float32.
 """
 
 from __future__ import annotations
@@ -113,7 +114,13 @@ class CudaChunkOps(loop.ChunkOps):
         return torch.empty_like(self.weight)
 
     def add_weight_grad(self, acc: Tensor, grad: Tensor, rows: Tensor) -> None:
-        acc.addmm_(grad.t(), rows, beta=1.0 if self._weight_written else 0.0)
+        """acc += grad.T @ rows (acc = on the first block), accumulated in float32 and
+        written in acc's dtype: the weight's, float32 for a float32 weight."""
+        beta = 1.0 if self._weight_written else 0.0
+        if acc.dtype == grad.dtype:
+            acc.addmm_(grad.t(), rows, beta=beta)
+        else:
+            torch.addmm(acc, grad.t(), rows, out_dtype=torch.float32, beta=beta, out=acc)
         self._weight_written = True
 
     def weight_grad(self, acc: Tensor) -> Tensor:
@@ -175,7 +182,7 @@ def forward(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
     """The kernel contract of rlk-core's linear_policy_loss (see its native kernel)."""
     device_of("hidden", hidden)  # before any collective: a CPU call fails here, on every rank
     ops = CudaChunkOps(hidden, weight, bias, softcap, group,
-                       one_read=_one_read(weight, softcap, group, entropy_coef))
+                       one_read=_one_read(hidden, softcap, group, entropy_coef))
     return loop.run(ops, tokens, temperature, ignore_index, entropy_coef, policy,
                     needs_input_grad)
 
@@ -221,7 +228,7 @@ def plan(hidden: Tensor, weight: Tensor, policy: dict[str, Any], softcap: float 
          group: dist.ProcessGroup | None = None, entropy_coef: float = 0.0, **_: Any) -> str:
     """Which path `forward` takes for these kernel arguments, in words (for rlk.explain)."""
     length = policy["mask"].shape[1]
-    one_read = _one_read(weight, softcap, group, entropy_coef)
+    one_read = _one_read(hidden, softcap, group, entropy_coef)
     rows = CudaChunkOps(hidden, weight, None, softcap, group, one_read=one_read).chunk_rows()
     path = loop.choose_path(hidden.shape[0], length, rows, policy)
     words = loop.describe(path, rows, length)
@@ -239,12 +246,12 @@ def _float32_mm(a: Tensor, b: Tensor) -> Tensor:
     return torch.mm(a, b, out_dtype=torch.float32)
 
 
-def _one_read(weight: Tensor, softcap: float | None, group: dist.ProcessGroup | None,
+def _one_read(hidden: Tensor, softcap: float | None, group: dist.ProcessGroup | None,
               entropy_coef: float) -> bool:
     """Whether the relative_probs path serves: its gradient factor covers logp's term only,
     and float16 operands would round the scaled hidden rows (factors ~1e-7) to nothing."""
     return (softcap is None and group is None and entropy_coef == 0.0
-            and lm_head.gemm_dtype(weight.dtype, weight.device) != torch.float16)
+            and lm_head.gemm_dtype(hidden.dtype, hidden.device) != torch.float16)
 
 
 @dataclass

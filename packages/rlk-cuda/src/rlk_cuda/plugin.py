@@ -19,6 +19,8 @@ FLOAT32 = (torch.float32,)
 # policy_loss reads logp (its main input) in any float dtype, float64 included
 ANY_FLOAT = (*DTYPES, torch.float64)
 BATCH_INVARIANT = ("batch_invariant",)
+# the linear ops take a float32 weight beside a reduced hidden (rlk._runtime.head)
+FLOAT32_WEIGHT = ("float32_weight",)
 
 # op -> (forward, backward or None, properties, dtypes of the main input), as
 # "module:function" inside this package.
@@ -27,9 +29,9 @@ KERNELS: dict[str, tuple[str, str | None, tuple[str, ...], tuple[torch.dtype, ..
     "logp_entropy": ("logp:forward", "logp:backward", BATCH_INVARIANT, DTYPES),
     "entropy": ("entropy:forward", "entropy:backward", BATCH_INVARIANT, DTYPES),
     "sample": ("sample:sample", None, BATCH_INVARIANT, DTYPES),
-    "linear_logp": ("linear_logp:forward", "linear_logp:backward", (), DTYPES),
-    "linear_logp_entropy": ("linear_logp:forward", "linear_logp:backward", (), DTYPES),
-    "linear_policy_loss": ("linear_policy_loss:forward", None, (), DTYPES),
+    "linear_logp": ("linear_logp:forward", "linear_logp:backward", FLOAT32_WEIGHT, DTYPES),
+    "linear_logp_entropy": ("linear_logp:forward", "linear_logp:backward", FLOAT32_WEIGHT, DTYPES),
+    "linear_policy_loss": ("linear_policy_loss:forward", None, FLOAT32_WEIGHT, DTYPES),
     "group_advantages": ("group_advantages:forward", None, (), FLOAT32),
     "policy_loss": ("policy_loss:forward", "policy_loss:backward", (), ANY_FLOAT),
 }

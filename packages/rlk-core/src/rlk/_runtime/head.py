@@ -4,10 +4,15 @@ The GEMM runs in one dtype. Under `torch.autocast` that is the autocast dtype, a
 `torch.nn.functional.linear` (a bfloat16 hidden state with a float32 `lm_head.weight`
 runs in bfloat16); outside it, inputs of one dtype keep it and float32 mixed with one
 reduced dtype runs in the reduced one (what autocast would have picked for it). The
-casts happen inside the torch ops (`to_gemm`), so autograd keeps the caller's tensors (no
-reduced copy of the weight lives from the forward to the backward) and each gradient
-comes back in its input's dtype, rounded once from the kernels' float32 where a kernel
-gives float32 (a float32 weight under autocast gets a float32 gradient, as from torch).
+casts happen inside the torch ops (`kernel_arguments`, then `bind_arguments` once the
+kernel is chosen), so autograd keeps the caller's tensors (no reduced copy of the weight
+lives from the forward to the backward) and each gradient comes back in its input's dtype.
+
+A float32 weight (and bias) beside a reduced GEMM dtype, mixed-precision training's
+master weights, reaches a kernel declaring the `float32_weight` property as it is: the
+kernel runs the GEMMs in hidden's dtype and returns the weight's and bias's gradients in
+float32, as TRL's fused head does, where rounding them through the reduced dtype (as torch's
+autocast linear does) costs 2^-9 of each entry. Other kernels get them cast.
 
 `logit_scale` s multiplies the raw logits u before the soft cap c (the order of TRL's
 ChunkedLogProbFunction; vLLM caps first, which differs only when a model sets both, and
@@ -27,6 +32,7 @@ from torch import Tensor
 
 from rlk._runtime import temperature as temperatures
 from rlk._runtime import validate
+from rlk._runtime.contract import BoundKernel
 from rlk._runtime.temperature import Temperature
 
 
@@ -77,18 +83,35 @@ def input_dtype(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> torch.dt
                     "or call under torch.autocast to pick the GEMM dtype")
 
 
-def to_gemm(args: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
-    """Kernel arguments with hidden, weight and bias in the GEMM dtype."""
-    bias = args["bias"]
-    return dict(args, hidden=args["hidden"].to(dtype), weight=args["weight"].to(dtype),
-                bias=None if bias is None else bias.to(dtype))
+# the kernel property: takes a float32 weight and bias beside a reduced hidden
+FLOAT32_WEIGHT = "float32_weight"
 
 
 def kernel_arguments(args: Mapping[str, Any]) -> dict[str, Any]:
-    """A linear op's arguments as its kernels take them: hidden, weight and bias in the GEMM
-    dtype, `gemm_dtype` itself dropped (the op's `Operator.kernel_arguments`)."""
+    """A linear op's arguments as selection reads them: hidden in the GEMM dtype,
+    `gemm_dtype` itself dropped, weight and bias as given (the op's
+    `Operator.kernel_arguments`; `bind_arguments` finishes them for the chosen kernel)."""
     rest = {name: value for name, value in args.items() if name != "gemm_dtype"}
-    return to_gemm(rest, args["gemm_dtype"])
+    return dict(rest, hidden=args["hidden"].to(args["gemm_dtype"]))
+
+
+def bind_arguments(kernel: BoundKernel | None, args: Mapping[str, Any]) -> dict[str, Any]:
+    """`kernel_arguments`' output as `kernel` takes it: weight and bias in hidden's dtype,
+    except a float32 weight and bias beside a reduced hidden for a kernel declaring
+    FLOAT32_WEIGHT (None: any kernel, so cast)."""
+    dtype = args["hidden"].dtype
+    weight, bias = args["weight"], args["bias"]
+    keeps_float32 = (kernel is not None and FLOAT32_WEIGHT in kernel.kernel.properties
+                     and weight.dtype == torch.float32
+                     and (bias is None or bias.dtype == torch.float32))
+    if keeps_float32:
+        return dict(args)
+    return dict(args, weight=weight.to(dtype), bias=None if bias is None else bias.to(dtype))
+
+
+def cast_arguments(args: Mapping[str, Any]) -> dict[str, Any]:
+    """A linear op's arguments as any kernel takes them (conformance samples, `prepare`)."""
+    return bind_arguments(None, kernel_arguments(args))
 
 
 def prepare(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: object,

@@ -40,10 +40,11 @@ def gemm_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def gemm_weight(weight: Tensor) -> Tensor:
-    """The weight as `float32_logits` reads it: itself, or a float32 copy made once per call
-    where the device has no float32-output GEMM for its dtype."""
-    return weight.to(gemm_dtype(weight.dtype, weight.device))
+def gemm_weight(weight: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    """The weight as `float32_logits` reads it: in `dtype` (hidden's; the weight's own by
+    default, and a float32 weight beside a reduced hidden is cast to it), or a float32 copy
+    where the device has no float32-output GEMM for that dtype. Made once per call."""
+    return weight.to(gemm_dtype(weight.dtype if dtype is None else dtype, weight.device))
 
 
 def float32_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None,

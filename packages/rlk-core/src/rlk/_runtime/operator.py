@@ -48,7 +48,9 @@ class Operator:
     - `kernel_arguments`: the operator's arguments -> kernel arguments, when they differ
       (group_advantages' dense group ids; the linear ops' inputs cast to their GEMM dtype).
       It runs where the kernel does, inside autograd: the op saves the caller's tensors and
-      returns each gradient in its input's dtype.
+      returns each gradient in its input's dtype. Selection reads its output.
+    - `bind_arguments`: (chosen kernel, kernel arguments) -> what that kernel takes, when
+      kernels differ in it (the linear ops' float32 weight, rlk._runtime.head).
     - `grad_inputs`: kernel arguments that may require grad, in the order `backward`
       returns their gradients; `backward`: the backward glue (see `Backward`), written once
       and run by both paths.
@@ -69,6 +71,7 @@ class Operator:
     signature: Signature
     returns: str | tuple[str | None, ...]
     kernel_arguments: Callable[[KernelArgs], KernelArgs] | None = None
+    bind_arguments: Callable[[BoundKernel, KernelArgs], KernelArgs] | None = None
     grad_inputs: tuple[str, ...] = ()
     backward: Backward | None = None
     saved_outputs: tuple[tuple[int, str], ...] = ()
@@ -88,6 +91,14 @@ class Operator:
             return (0,)
         return tuple(i for i, kind in enumerate(self.returns) if kind is not None)
 
+    def selection_arguments(self, args: KernelArgs) -> KernelArgs:
+        """The caller's arguments as selection reads them (`kernel_arguments`)."""
+        return args if self.kernel_arguments is None else self.kernel_arguments(args)
+
+    def bound(self, kernel: BoundKernel, args: KernelArgs) -> KernelArgs:
+        """Selection's arguments as the chosen `kernel` takes them (`bind_arguments`)."""
+        return args if self.bind_arguments is None else self.bind_arguments(kernel, args)
+
 
 def define(spec: Any) -> Any:
     """Register `spec`'s torch operators (forward, and backward when it has one) with their
@@ -99,9 +110,10 @@ def define(spec: Any) -> Any:
 
     def forward(*values: Any) -> Any:
         given = operator.signature.decode(values)
-        args = given if operator.kernel_arguments is None else operator.kernel_arguments(given)
+        args = operator.selection_arguments(given)
         with _autocast_off(operator, args[spec.main_input].device):
-            result = spec.kernel(args).forward(**args)
+            kernel = spec.kernel(args)
+            result = kernel.forward(**operator.bound(kernel, args))
         if operator.grad_outputs:
             result = _grads_in_input_dtypes(operator, result, given, spec.main_input)
         return _operator_outputs(operator, result, produced)
@@ -175,14 +187,14 @@ def _backward_operator(spec: Any) -> Any:
 
     def backward(grads: list[Tensor | None], *rest: Any) -> list[Tensor]:
         *values, saved, needs = rest
-        args = signature.decode(values)
-        if operator.kernel_arguments is not None:
-            args = operator.kernel_arguments(args)
+        args = dict(operator.selection_arguments(signature.decode(values)))
         for (_, name), value in zip(operator.saved_outputs, saved, strict=True):
             args[name] = value
         assert operator.backward is not None
         with _autocast_off(operator, args[spec.main_input].device):
-            found = operator.backward(spec.kernel(args), args, tuple(grads), tuple(needs))
+            kernel = spec.kernel(args)
+            found = operator.backward(kernel, operator.bound(kernel, args), tuple(grads),
+                                      tuple(needs))
         anchor = next(v for v in values if isinstance(v, Tensor))
         return [anchor.new_empty(0) if grad is None else _as(grad, values[pos])
                 for grad, pos in zip(found, positions, strict=True)]
@@ -301,7 +313,7 @@ def run(spec: Any, args: KernelArgs) -> Any:
             refuse_transforms(spec.name)
         result = spec.torch_op(*operator.signature.encode(args))
         return _as_kernel_outputs(operator, result)
-    kernel_args = args if operator.kernel_arguments is None else operator.kernel_arguments(args)
+    kernel_args = operator.selection_arguments(args)
     kernel = spec.kernel(kernel_args)
     if operator.without_autocast:
         with _autocast_off(operator, kernel_args[spec.main_input].device):
@@ -320,7 +332,7 @@ def _run_kernel(spec: Any, operator: Operator, kernel: BoundKernel, args: Kernel
                 call = _Call(operator, kernel, args, captured_policy(),
                              kernel_args[spec.main_input].device)
                 return _apply(call, *(args[name] for name in operator.grad_inputs))
-    result = kernel.forward(**kernel_args)
+    result = kernel.forward(**operator.bound(kernel, kernel_args))
     return result if not operator.grad_outputs else _visible(operator, result)
 
 
@@ -377,8 +389,7 @@ class _KernelFunction(torch.autograd.Function):
             if value is not None:
                 args[name] = value.detach()
         call.dtypes = tuple(None if value is None else value.dtype for value in inputs)
-        kernel_args = (args if operator.kernel_arguments is None
-                       else operator.kernel_arguments(args))
+        kernel_args = operator.bound(call.kernel, operator.selection_arguments(args))
         fused = operator.forward_with_grads
         done = None if fused is None else fused(call.kernel, kernel_args)
         if done is not None:
@@ -425,8 +436,7 @@ def _backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
     args = dict(call.args)
     for name, value in zip(call.names, ctx.saved_tensors, strict=True):
         args[name] = value.detach() if value is not None else None
-    if operator.kernel_arguments is not None:
-        args = operator.kernel_arguments(args)
+    args = operator.bound(call.kernel, operator.selection_arguments(args))
     with ScopedPolicy(call.policy), _autocast_off(operator, call.device):
         found = operator.backward(call.kernel, args, grads, ctx.needs_input_grad[1:])
     return (None, *_in_dtypes(found, call.dtypes))

@@ -107,7 +107,8 @@ def _operator(with_entropy: bool) -> Operator:
                     returns=("Tensor", "Tensor" if with_entropy else None, "Tensor"),
                     grad_inputs=("hidden", "weight", "bias"), backward=_backward,
                     detached_outputs=(2,), saved_outputs=((1, "entropy"), (2, "lse")),
-                    kernel_arguments=head.kernel_arguments, without_autocast=True)
+                    kernel_arguments=head.kernel_arguments,
+                    bind_arguments=head.bind_arguments, without_autocast=True)
 
 
 # ---------------------------------------------------------------------------
@@ -239,7 +240,7 @@ def _public_prepare(with_entropy: bool):
                 softcap: float | None = None, logit_scale: float = 1.0) -> dict[str, Any]:
         args, _ = _prepare(hidden, weight, tokens, bias, temperature, ignore_index, group,
                            softcap, logit_scale)
-        args = head.kernel_arguments(args)
+        args = head.cast_arguments(args)
         args["with_entropy"] = with_entropy
         return args
 

@@ -103,8 +103,9 @@ class ChunkOps:
 
     @functools.cached_property
     def operand(self) -> Tensor:
-        """The weight as the GEMMs read it (rlk._runtime.lm_head.gemm_weight), made once."""
-        return lm_head.gemm_weight(self.weight)
+        """The weight as the GEMMs read it (rlk._runtime.lm_head.gemm_weight): in hidden's
+        dtype, made once."""
+        return lm_head.gemm_weight(self.weight, self.hidden.dtype)
 
     @functools.cached_property
     def shard(self) -> shards.Layout | None:

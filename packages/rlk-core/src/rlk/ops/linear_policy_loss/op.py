@@ -265,7 +265,7 @@ def _samples(device: torch.device, dtype: torch.dtype) -> Iterator[Sample]:
                         -100, None, extra.get("entropy_coef", 0.0), extra.get("softcap"), 1.0,
                         options)
         args["needs_input_grad"] = (True, True, bias)
-        return Sample(name, head.kernel_arguments(args))
+        return Sample(name, head.cast_arguments(args))
 
     yield case("ppo")
     yield case("kl-k3-seq-mean", ref=True, kl_coef=0.1, agg="seq-mean-token-mean")
@@ -302,7 +302,7 @@ def _public_prepare(hidden: Tensor, weight: Tensor, tokens: Tensor, old_logp: Te
     args = _prepare(hidden, weight, tokens, old_logp, advantages, mask, bias, temperature,
                     ignore_index, group, entropy_coef, softcap, logit_scale, options)
     args["needs_input_grad"] = _needs_grad(args["hidden"], args["weight"], args["bias"])
-    return head.kernel_arguments(args)
+    return head.cast_arguments(args)
 
 
 def _reference_loss(args: Mapping[str, Any], hidden: Any, weight: Any,
@@ -402,7 +402,8 @@ LINEAR_POLICY_LOSS = OpSpec(
     operator=Operator(SIGNATURE, returns=("Tensor",) * 6, grad_inputs=("hidden", "weight", "bias"),
                       detached_outputs=(1, 2), grad_outputs=(3, 4, 5),
                       forward_with_grads=_forward_with_grads, backward_from=_scaled_grads,
-                      kernel_arguments=head.kernel_arguments, without_autocast=True),
+                      kernel_arguments=head.kernel_arguments,
+                      bind_arguments=head.bind_arguments, without_autocast=True),
     doc="policy_loss of linear_logp's log-probabilities (and an entropy bonus) in three GEMMs",
     native=NativeKernel("rlk.ops.linear_policy_loss.native:forward", uses=("logp_entropy",)),
     output_meta=_output_meta,

@@ -8,7 +8,8 @@ kernel turns them into their gradient in the GEMM input dtype, and two GEMMs con
 grad_hidden accumulates in float32 across chunks, and grad_weight[chunk] comes from one GEMM over
 all rows (float32 accumulation inside cuBLAS), written in the weight's dtype: a reduced weight
 gets no float32 copy, a float32 weight beside a reduced hidden (the float32_weight property) is
-read through one reduced copy and gets its gradient in float32 unrounded.
+read a chunk at a time through reduced copies (no reduced copy of the whole weight) and gets
+its gradient in float32 unrounded.
 Soft-capping (rlk.backend.lm_head's contract) adds one in-place pass over each chunk, and one more
 for its chain rule in the backward.
 
@@ -139,7 +140,6 @@ def _shard_forward(
     if num == 0:
         return logp, entropy, lse
     index = device_of("hidden", hidden)
-    operand = lm_head.gemm_weight(weight, hidden.dtype)
     # Vocabulary chunks over all rows (large GEMMs). Two half-budget buffers: the reduction of
     # one chunk (memory-bound, side stream) runs under the GEMM of the next (caller's stream).
     width = _chunk_width(num, vocab, 4, 2)
@@ -192,7 +192,8 @@ def _shard_forward(
         if event is not None:
             main.wait_event(event)
         b = None if bias is None else bias[start:stop]
-        logits = lm_head.float32_logits(hidden, operand[start:stop], b,
+        w = lm_head.gemm_weight(weight[start:stop], hidden.dtype)  # a float32 weight's: a copy
+        logits = lm_head.float32_logits(hidden, w, b,
                                         out=rows_view(buffers[slot], num, stop - start))
         soft_cap(logits, softcap)
         side.wait_event(main.record_event())
@@ -320,13 +321,13 @@ def _shard_backward(
         if grad_b is not None:
             grad_b.zero_()
         return grad_h, grad_w, grad_b
-    operand = lm_head.gemm_weight(weight, hidden.dtype)
+    gemm = lm_head.gemm_dtype(hidden.dtype, hidden.device)
     # float32 logits, and their gradient in the GEMM input dtype: in place when that is float32,
     # unless the soft cap's chain rule needs the capped logits after the gradient is written
-    separate = operand.dtype != torch.float32 or softcap is not None
-    width = _chunk_width(num, vocab, 4 + (operand.element_size() if separate else 0), 1)
+    separate = gemm != torch.float32 or softcap is not None
+    width = _chunk_width(num, vocab, 4 + (gemm.itemsize if separate else 0), 1)
     buffer = f32_empty(num * padded(width), device=dev)
-    grad_buffer = (torch.empty(num * padded(width), dtype=operand.dtype, device=dev)
+    grad_buffer = (torch.empty(num * padded(width), dtype=gemm, device=dev)
                    if separate else buffer)
     rows = hidden.masked_fill(ignored, 0.0) if grad_w is not None else hidden
     tokens = tokens.to(torch.int64).contiguous()
@@ -336,7 +337,7 @@ def _shard_backward(
     entropy = None if entropy is None else entropy.to(torch.float32).contiguous()
     for start in range(0, vocab, width):
         stop = min(vocab, start + width)
-        w = operand[start:stop]
+        w = weight[start:stop].to(gemm)  # a float32 weight's: a chunk-sized copy
         b = None if bias is None else bias[start:stop]
         logits = lm_head.float32_logits(hidden, w, b, out=rows_view(buffer, num, stop - start))
         soft_cap(logits, softcap)

@@ -46,7 +46,7 @@ class Operator:
     - `returns`: the schema type of each kernel output, None for an output this op never
       produces (logp's entropy); a plain "Tensor" for a kernel returning one tensor.
     - `kernel_arguments`: the operator's arguments -> kernel arguments, when they differ
-      (group_advantages' dense group ids; the linear ops' inputs cast to their GEMM dtype).
+      (group_advantages' dense group ids; the linear ops' hidden cast to the GEMM dtype).
       It runs where the kernel does, inside autograd: the op saves the caller's tensors and
       returns each gradient in its input's dtype. Selection reads its output.
     - `bind_arguments`: (chosen kernel, kernel arguments) -> what that kernel takes, when

@@ -37,12 +37,14 @@ enum DType : int {
   /* float64, so the backward keeps 1 - p of a dominant token (float32 cannot hold lse to   */ \
   /* that precision when x / T is large) */                                                    \
   F(double*, lse)            /* [R] or nullptr */                                              \
-  /* [2, R] (row max of raw logits, log of the shifted sum) or nullptr: the sampler's  */    \
-  /* statistics pass (sample.cu) reads them back */                                            \
-  F(float*, stats)                                                                             \
   F(int, nseg)               /* logp_forward_segments(V) */                                    \
   F(float*, partial)         /* [R, nseg, 3] scratch when nseg > 1 (from torch) */
-struct LogpFwdArgs { RLK_LOGP_FWD_ARGS(RLK_DECLARE_FIELD) };
+struct LogpFwdArgs {
+  RLK_LOGP_FWD_ARGS(RLK_DECLARE_FIELD)
+  // [2, R] (row max of raw logits, log of the shifted sum) or nullptr: only the sampler's
+  // statistics pass (sample.cu) sets it and reads them back, so it is no bound field
+  float* stats = nullptr;
+};
 
 // One vocabulary chunk [N, C] of rows whose full width is vocab_total (linear_logp forward):
 // the partial pass reduces the chunk into partial[:, chunk]; the merge pass combines all chunks.

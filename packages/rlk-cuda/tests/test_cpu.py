@@ -274,6 +274,14 @@ def test_argument_structs_are_filled_by_field_name() -> None:
         args.colz = 1  # a misspelt field raises instead of being ignored
 
 
+def test_the_logp_forward_binding_has_no_scratch_for_the_sampler() -> None:
+    """`stats` belongs to the sampler's statistics pass inside the extension (issue #29):
+    the logp forward's binding leaves it out, so no Python caller fills it."""
+    ext = _ext.load()
+    assert "stats" not in _zero_fields(ext.LogpFwdArgs)
+    assert "stats" in _zero_fields(ext.SampleArgs)
+
+
 def test_every_wrapper_names_every_field_of_its_struct(monkeypatch: pytest.MonkeyPatch) -> None:
     """The wrappers on CPU tensors, with the device checks passed and the launches recorded:
     each builds its kernel's struct by name (a missing or misspelt field raises TypeError)."""

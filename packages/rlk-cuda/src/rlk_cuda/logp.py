@@ -82,7 +82,6 @@ def launch_forward(
         logp_stride=1 if logp is None else logp.stride(0),
         entropy=ptr(entropy),
         lse=ptr(lse),
-        stats=0,
         nseg=segments,
         partial=ptr(partial),
     )

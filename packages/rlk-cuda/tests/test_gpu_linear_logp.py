@@ -204,7 +204,8 @@ def test_a_float32_weight_under_autocast_gets_its_gradient_unrounded(
 
     monkeypatch.setenv("RLK_CUDA_CHUNK_MB", "1")  # several vocabulary chunks
     hidden, weight, tokens = _head(2048, 256, 5000, torch.float32)
-    bias = torch.randn(5000, device="cuda") if with_bias else None
+    # bf16 values: the cast path rounds a float32 bias, so the two calls share operands
+    bias = torch.randn(5000, device="cuda").bfloat16().float() if with_bias else None
     grad = torch.randn(2048, device="cuda")
 
     def weight_grads(weight: torch.Tensor, bias: torch.Tensor | None) -> list[torch.Tensor]:

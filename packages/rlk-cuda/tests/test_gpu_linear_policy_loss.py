@@ -382,7 +382,7 @@ def test_float16_overflow_is_signalled_wherever_float64_overflows(backend: str) 
 
 
 
-@pytest.mark.parametrize("entropy_coef", [0.0, 0.01])  # the one-read path; the two-read one
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.01])  # the policy term alone; with an entropy term
 def test_a_float32_weight_under_autocast_accumulates_its_gradient_in_float32(
         monkeypatch: pytest.MonkeyPatch, entropy_coef: float) -> None:
     """The float32 master weight of mixed precision (TRL's default): the GEMMs run in

@@ -191,8 +191,8 @@ def _shard_forward(
         event = free[slot]
         if event is not None:
             main.wait_event(event)
-        b = None if bias is None else bias[start:stop]
         w = lm_head.gemm_weight(weight[start:stop], hidden.dtype)  # a float32 weight's: a copy
+        b = None if bias is None else lm_head.gemm_weight(bias[start:stop], hidden.dtype)
         logits = lm_head.float32_logits(hidden, w, b,
                                         out=rows_view(buffers[slot], num, stop - start))
         soft_cap(logits, softcap)
@@ -288,7 +288,8 @@ def backward(
     )
     if grad_h is not None and group is not None:
         dist.all_reduce(grad_h, op=dist.ReduceOp.SUM, group=group)
-    return (None if grad_h is None else grad_h.to(hidden.dtype)), grad_w, grad_b
+    # float32: the op rounds it once, to its caller's dtype (float32 stays unrounded)
+    return grad_h, grad_w, grad_b
 
 
 def _shard_backward(
@@ -338,7 +339,7 @@ def _shard_backward(
     for start in range(0, vocab, width):
         stop = min(vocab, start + width)
         w = weight[start:stop].to(gemm)  # a float32 weight's: a chunk-sized copy
-        b = None if bias is None else bias[start:stop]
+        b = None if bias is None else bias[start:stop].to(gemm)  # rounded as the cast path's
         logits = lm_head.float32_logits(hidden, w, b, out=rows_view(buffer, num, stop - start))
         soft_cap(logits, softcap)
         grad = rows_view(grad_buffer, num, stop - start)

@@ -17,7 +17,7 @@ the same two GEMMs. grad_weight accumulates in the weight's dtype through cuBLAS
 arithmetic, one rounding per block), so a reduced weight gets no float32 copy of its shape:
 the extra memory is the two buffers, together within rlk_cuda.linear_logp.chunk_bytes()
 (RLK_CUDA_CHUNK_MB). A float32 weight beside a reduced hidden (the float32_weight property)
-is read through one reduced copy and its gradient accumulates in float32.
+takes this path, read through one reduced copy, and its gradient accumulates in float32.
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ class CudaChunkOps(loop.ChunkOps):
             self._logits = self._buffer(self._logits_rows(), torch.float32)
         vocab = self.weight.shape[0]
         out = rows_view(self._logits, stop - start, vocab)
-        lm_head.float32_logits(self.hidden[start:stop], self.operand, self.bias, out=out)
+        lm_head.float32_logits(self.hidden[start:stop], self.operand, self.operand_bias,
+                               out=out)
         soft_cap(out, self.softcap)
         return out
 
@@ -169,10 +170,11 @@ class CudaChunkOps(loop.ChunkOps):
             grads.bias += _float32_mm(factor.to(e.dtype)[None], e)[0]
 
     def hidden_grad(self, grad: Tensor, out: Tensor) -> None:
+        """out = grad @ weight, accumulated in float32 and rounded once, to out's dtype."""
         if out.dtype == grad.dtype:
             torch.mm(grad, self.operand, out=out)
         else:
-            out.copy_(torch.mm(grad, self.operand))
+            torch.mm(grad, self.operand, out_dtype=torch.float32, out=out)
 
 
 def forward(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
@@ -182,7 +184,7 @@ def forward(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,
     """The kernel contract of rlk-core's linear_policy_loss (see its native kernel)."""
     device_of("hidden", hidden)  # before any collective: a CPU call fails here, on every rank
     ops = CudaChunkOps(hidden, weight, bias, softcap, group,
-                       one_read=_one_read(hidden, softcap, group, entropy_coef))
+                       one_read=_one_read(hidden, weight, softcap, group, entropy_coef))
     return loop.run(ops, tokens, temperature, ignore_index, entropy_coef, policy,
                     needs_input_grad)
 
@@ -228,7 +230,7 @@ def plan(hidden: Tensor, weight: Tensor, policy: dict[str, Any], softcap: float 
          group: dist.ProcessGroup | None = None, entropy_coef: float = 0.0, **_: Any) -> str:
     """Which path `forward` takes for these kernel arguments, in words (for rlk.explain)."""
     length = policy["mask"].shape[1]
-    one_read = _one_read(hidden, softcap, group, entropy_coef)
+    one_read = _one_read(hidden, weight, softcap, group, entropy_coef)
     rows = CudaChunkOps(hidden, weight, None, softcap, group, one_read=one_read).chunk_rows()
     path = loop.choose_path(hidden.shape[0], length, rows, policy)
     words = loop.describe(path, rows, length)
@@ -246,11 +248,15 @@ def _float32_mm(a: Tensor, b: Tensor) -> Tensor:
     return torch.mm(a, b, out_dtype=torch.float32)
 
 
-def _one_read(hidden: Tensor, softcap: float | None, group: dist.ProcessGroup | None,
-              entropy_coef: float) -> bool:
+def _one_read(hidden: Tensor, weight: Tensor, softcap: float | None,
+              group: dist.ProcessGroup | None, entropy_coef: float) -> bool:
     """Whether the relative_probs path serves: its gradient factor covers logp's term only,
-    and float16 operands would round the scaled hidden rows (factors ~1e-7) to nothing."""
+    float16 operands would round the scaled hidden rows (factors ~1e-7) to nothing, and a
+    float32 weight beside a reduced hidden (mixed precision) takes the two-read path, whose
+    gradients pass through the GEMM dtype once (as TRL's head's) where this one's pass
+    twice (the relative probabilities and the scaled hidden rows)."""
     return (softcap is None and group is None and entropy_coef == 0.0
+            and weight.dtype == hidden.dtype
             and lm_head.gemm_dtype(hidden.dtype, hidden.device) != torch.float16)
 
 

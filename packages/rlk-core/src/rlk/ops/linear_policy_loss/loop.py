@@ -108,6 +108,11 @@ class ChunkOps:
         return lm_head.gemm_weight(self.weight, self.hidden.dtype)
 
     @functools.cached_property
+    def operand_bias(self) -> Tensor | None:
+        """The bias as the logits add it: rounded as `operand` is."""
+        return None if self.bias is None else lm_head.gemm_weight(self.bias, self.hidden.dtype)
+
+    @functools.cached_property
     def shard(self) -> shards.Layout | None:
         """Where this rank's vocabulary slice sits (one all_gather), with a group."""
         if self.group is None:
@@ -128,7 +133,7 @@ class ChunkOps:
         vocab = self.weight.shape[0]
         out = torch.empty(stop - start, vocab + int(pad), dtype=torch.float32,
                           device=self.hidden.device)
-        lm_head.float32_logits(self.hidden[start:stop], self.operand, self.bias,
+        lm_head.float32_logits(self.hidden[start:stop], self.operand, self.operand_bias,
                                out=out[:, :vocab])
         lm_head.soft_cap_(out[:, :vocab], self.softcap)
         if pad:

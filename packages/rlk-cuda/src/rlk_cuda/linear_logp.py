@@ -140,6 +140,7 @@ def _shard_forward(
     if num == 0:
         return logp, entropy, lse
     index = device_of("hidden", hidden)
+    gemm = lm_head.gemm_dtype(hidden.dtype, hidden.device)
     # Vocabulary chunks over all rows (large GEMMs). Two half-budget buffers: the reduction of
     # one chunk (memory-bound, side stream) runs under the GEMM of the next (caller's stream).
     width = _chunk_width(num, vocab, 4, 2)
@@ -191,8 +192,8 @@ def _shard_forward(
         event = free[slot]
         if event is not None:
             main.wait_event(event)
-        w = lm_head.gemm_weight(weight[start:stop], hidden.dtype)  # a float32 weight's: a copy
-        b = None if bias is None else lm_head.gemm_weight(bias[start:stop], hidden.dtype)
+        w = weight[start:stop].to(gemm)  # a float32 weight's: a chunk-sized copy
+        b = None if bias is None else bias[start:stop].to(gemm)  # rounded as the cast path's
         logits = lm_head.float32_logits(hidden, w, b,
                                         out=rows_view(buffers[slot], num, stop - start))
         soft_cap(logits, softcap)
@@ -230,7 +231,7 @@ def accumulate_mm(acc: Tensor, a: Tensor, b: Tensor) -> None:
         acc.add_(torch.mm(a, b))
 
 
-def _mm_into(out: Tensor, a: Tensor, b: Tensor) -> None:
+def mm_into(out: Tensor, a: Tensor, b: Tensor) -> None:
     """out = a @ b in place, accumulated in float32 and rounded once to out's dtype (the
     operands', or float32: a float32 weight's gradient from reduced operands)."""
     if out.dtype == a.dtype:
@@ -360,7 +361,7 @@ def _shard_backward(
         if grad_h is not None:
             accumulate_mm(grad_h, grad, w)
         if grad_w is not None:
-            _mm_into(grad_w[start:stop], grad.t(), rows.to(grad.dtype))
+            mm_into(grad_w[start:stop], grad.t(), rows.to(grad.dtype))
         if grad_b is not None:
             grad_b[start:stop] = grad.sum(0, dtype=torch.float32)
     return grad_h, grad_w, grad_b

@@ -35,7 +35,7 @@ from torch import Tensor
 from . import _ext
 from . import logp as logp_kernels
 from ._launch import device_of, dtype_code, f32_empty, ptr, rows_major, stream
-from .linear_logp import chunk_bytes, padded, rows_view, soft_cap
+from .linear_logp import chunk_bytes, mm_into, padded, rows_view, soft_cap
 
 _ROW_MULTIPLE = 128  # rows per chunk: whole GEMM tiles
 _LOGITS_ROWS = 512  # rows per float32 logits GEMM on the one-read path (256: 2% slower)
@@ -170,11 +170,7 @@ class CudaChunkOps(loop.ChunkOps):
             grads.bias += _float32_mm(factor.to(e.dtype)[None], e)[0]
 
     def hidden_grad(self, grad: Tensor, out: Tensor) -> None:
-        """out = grad @ weight, accumulated in float32 and rounded once, to out's dtype."""
-        if out.dtype == grad.dtype:
-            torch.mm(grad, self.operand, out=out)
-        else:
-            torch.mm(grad, self.operand, out_dtype=torch.float32, out=out)
+        mm_into(out, grad, self.operand)
 
 
 def forward(hidden: Tensor, weight: Tensor, tokens: Tensor, bias: Tensor | None,

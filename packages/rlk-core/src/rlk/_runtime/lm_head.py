@@ -43,8 +43,7 @@ def gemm_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
 def gemm_weight(weight: Tensor, dtype: torch.dtype | None = None) -> Tensor:
     """The weight as `float32_logits` reads it: in `dtype` (hidden's; the weight's own by
     default, and a float32 weight beside a reduced hidden is cast to it), or a float32 copy
-    where the device has no float32-output GEMM for that dtype (a copy in either case, of
-    the whole weight or of the rows a chunk reads)."""
+    where the device has no float32-output GEMM for that dtype."""
     return weight.to(gemm_dtype(weight.dtype if dtype is None else dtype, weight.device))
 
 

@@ -248,12 +248,14 @@ __device__ __forceinline__ Terms token_terms(const PolicyLossArgs& a, const Toke
       }
       kl *= ratio;
     }
-    r.value = policy + s.kl_coef * kl;
-    r.grad_logp = policy_logp + s.kl_coef * slope;
-    r.grad_alone += s.kl_coef * alone;
-    // one rounding written out, never left to contraction: grad_kernel subtracts this very
-    // value from the row's sum of it (the forward's and the backward's launches)
-    through = fmaf(s.kl_coef, kl_through, through);
+    if (s.kl_coef != 0.0f) {  // else 0 * an overflowed KL (k3 past float32's range) is NaN
+      r.value = policy + s.kl_coef * kl;
+      r.grad_logp = policy_logp + s.kl_coef * slope;
+      r.grad_alone += s.kl_coef * alone;
+      // one rounding written out, never left to contraction: grad_kernel subtracts this very
+      // value from the row's sum of it (the forward's and the backward's launches)
+      through = fmaf(s.kl_coef, kl_through, through);
+    }
   }
   r.grad_log_ratio = through;
   st[4] = ratio;

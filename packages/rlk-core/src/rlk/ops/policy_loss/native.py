@@ -157,6 +157,7 @@ def token_terms(logp: Tensor, old_logp: Tensor, advantages: Tensor, real: Tensor
     grad_alone = policy_logp + through_ratio
     if ref_logp is not None:
         kl, kl_logp, kl_ratio, kl_alone = _kl_term(logp - ref_logp, ratio, passes, options)
+    if ref_logp is not None and options.kl_coef != 0.0:  # else 0 * an overflowed KL is NaN
         coef = options.kl_coef
         value = value + coef * kl
         grad_logp = grad_logp + coef * kl_logp

@@ -51,9 +51,13 @@ F32 = 2.0**-23  # float32's resolution of a value of magnitude 1
 # Both heads round the logits gradient to bf16 once before their GEMMs (TRL's from bf16
 # logits, rlk's from float32 ones). Where that rounding dominates the head's and final norm's
 # gradients (the GPU test's V = 151936), the two distances to the same-operands float64 agree
-# to a fraction of a percent either way (H100: 1.66e-3 / 1.67e-3), so patched is held to TRL's
-# distance within ROUNDING_SLACK there; on CPU patched is closer by orders of magnitude.
+# to a fraction of a percent either way on the head (H100: 1.66e-3 / 1.67e-3), so patched is
+# held to TRL's distance within ROUNDING_SLACK there; on CPU patched is closer by orders of
+# magnitude. A distance over n entries of independent roundings is itself known only to about
+# 1/sqrt(2n) (2.4% for the final norm's 896): each label's slack adds SPREADS of that (H100:
+# the norm 1.64e-3 / 1.61e-3 at one step, 1.65e-3 / 1.66e-3 at another).
 ROUNDING_SLACK = 1.02
+SPREADS = 3
 # Against the float64 model both runs carry the same backbone's bf16 error, which dominates: at
 # one random seed patched was 1.7% farther than TRL on the head's gradient (3.70e-3 / 3.64e-3),
 # so that judge holds patched to TRL's distance within 10%, not below it.
@@ -142,6 +146,8 @@ def distances(runs: dict[str, dict[str, Any]], truth: dict[str, Any]) -> list[di
                     row["value", key] = want
             for label, names in (("head", HEAD), ("norm", NORM), ("all", None)):
                 row[name, label] = grad_error(found["grads"][step], truth["grads"][step], names)
+                row["entries", label] = sum(truth["grads"][step][n].numel()
+                                            for n in (names or truth["grads"][step]))
         rows.append(row)
     return rows
 
@@ -150,15 +156,16 @@ def assert_patched_at_least_as_close(same_operands: list[dict[str, Any]],
                                      whole_model: list[dict[str, Any]]) -> None:
     """Per step: patched at least as close as TRL to TRL's loss in float64 over the same
     operands on the loss, KL and entropy (up to F32 of the value) and the head's and final
-    norm's gradients (within ROUNDING_SLACK); and about as close as TRL to the float64 model
-    on the head's gradient."""
+    norm's gradients (within ROUNDING_SLACK and the distances' sampling spread); and about
+    as close as TRL to the float64 model on the head's gradient."""
     for step, row in enumerate(same_operands):
         for key in ("loss", "kl", "entropy"):
             if ("trl", key) in row:
                 floor = F32 * (1 + abs(row["value", key]))
                 assert row["rlk", key] <= row["trl", key] + floor, (step, key, row)
         for label in ("head", "norm"):
-            assert row["rlk", label] <= ROUNDING_SLACK * row["trl", label], (step, label, row)
+            slack = ROUNDING_SLACK + SPREADS / math.sqrt(2 * row["entries", label])
+            assert row["rlk", label] <= slack * row["trl", label], (step, label, row)
     for step, row in enumerate(whole_model):
         assert row["rlk", "head"] <= BACKBONE_SLACK * row["trl", "head"], (step, row)
 

@@ -104,7 +104,8 @@ class LinearLogpBackward(Protocol):
         """needs_input_grad: which of (hidden, weight, bias) want a gradient.
 
         Returns (grad_hidden, grad_weight, grad_bias), each None when not asked for, in the
-        inputs' dtype (grad_weight accumulated in float32)."""
+        inputs' dtype (grad_weight accumulated in float32); grad_hidden may be float32, which
+        the op rounds once to its caller's dtype."""
         ...
 
 

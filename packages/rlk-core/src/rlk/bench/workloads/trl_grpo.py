@@ -11,7 +11,9 @@ model), loss_type "dapo".
 - mode `fwd+bwd`, the train step: TRL's `compute_loss` and its backward on one scored
   micro-batch (no optimizer step, no generation);
 - mode `fwd`, scoring: the old and reference log-probs of the micro-batch (TRL's
-  `_get_per_token_logps_and_entropies` on the policy and the reference model, no grad).
+  `_get_per_token_logps_and_entropies` on the policy and the reference model, no grad);
+- row `backbone`, a floor: the same without the LM head and the loss (`backbone`), so that
+  a row's time minus the floor's is its head's and loss's share.
 
 A case's dims carry `tokens` (B x T) for tokens per second; its extra memory is the step's
 own (activations and gradients) above the two models. `largest_micro_batch` (and
@@ -176,15 +178,46 @@ def train_step(grpo: Any, batch: dict[str, Any]) -> torch.Tensor:
     return loss.detach()
 
 
+def _sequences(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The micro-batch's prompt and completion ids, and their attention mask."""
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    return ids, mask
+
+
+def _scored_models(grpo: Any) -> list[Any]:
+    return [model for model in (grpo.model, grpo.ref_model) if model is not None]
+
+
 @torch.no_grad()
 def score(grpo: Any, batch: dict[str, Any]) -> torch.Tensor:
     """The old and reference log-probs of the micro-batch, as TRL scores them."""
-    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    ids, mask = _sequences(batch)
     length = batch["completion_ids"].size(1)
     scores = [grpo._get_per_token_logps_and_entropies(model, ids, mask, length)[0]
-              for model in (grpo.model, grpo.ref_model) if model is not None]
+              for model in _scored_models(grpo)]
     return torch.stack(scores)
+
+
+def backbone(grpo: Any, batch: dict[str, Any], backward: bool) -> torch.Tensor:
+    """The models without their LM head and loss (the floor under both runs: a step or
+    scoring minus this is the head's and loss's share). Train step: the policy's decoder
+    forward, under the autocast accelerate wraps the whole model's forward in, and its
+    backward from a unit gradient; scoring: both models' decoders, no grad."""
+    ids, mask = _sequences(batch)
+    models = [grpo.model] if backward else _scored_models(grpo)
+    if backward:
+        grpo.model.train()
+    found = []
+    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=grpo.args.bf16), \
+            torch.set_grad_enabled(backward):
+        for model in models:
+            hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+            found.append(hidden.float().sum())
+    if backward:
+        found[0].backward()
+        grpo.model.zero_grad(set_to_none=True)
+    return torch.stack(found).detach()
 
 
 # ---------------------------------------------------------------------------
@@ -260,6 +293,12 @@ def make_inputs(case: Case, dtype: torch.dtype, device: torch.device, seed: int,
             "lm_head_weight": grpo.model.get_output_embeddings().weight}
 
 
+def _backbone_call(backward: bool) -> Call:
+    def call(inputs: Inputs) -> Outputs:
+        return {"value": backbone(inputs["trainer"], inputs["batch"], backward)}
+    return call
+
+
 def _call(patched: bool, backward: bool) -> Call:
     """A row's call, TRL patched or as is. The row's first call (a warm-up) makes or undoes
     the patch and the others find it made, as a trainer patches once: patching inside every
@@ -306,7 +345,9 @@ WORKLOAD = Workload(
     compare=lambda expected, outputs, inputs: list[Error](),
     cost=cost,
     peers={"trl": Peer("trl", lambda case, backward, device: _call(False, backward),
-                       note="TRL 1.16 as is")},
+                       note="TRL 1.16 as is"),
+           "backbone": Peer("backbone", lambda case, backward, device: _backbone_call(backward),
+                            note="the models without LM head and loss", floor=True)},
     doc="TRL's GRPOTrainer step and scoring, as is and patched",
 )
 WORKLOADS = (WORKLOAD,)

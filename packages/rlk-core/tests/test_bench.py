@@ -415,6 +415,10 @@ def test_a_floor_row_is_a_bound_never_a_finding() -> None:
     assert failed.floor_ratio == pytest.approx(2.0) and failed.findings == []
     table = markdown_table(rows)
     assert "1.100x the cublas floor" in table and "2.000x the cublas floor" in table
+    backbone = [_row("rlk:cuda", "rlk", 145.0), _row("backbone", "floor", 130.0)]
+    findings.flag(backbone)
+    assert backbone[0].floor == "backbone" and backbone[0].floor_ratio == pytest.approx(145 / 130)
+    assert "1.115x the backbone floor" in markdown_table(backbone)
 
 
 def test_the_gemm_floor_runs_the_ops_gemms_and_is_not_checked(tmp_path: Path) -> None:

@@ -22,23 +22,25 @@ def _key(row: Row) -> tuple[str, str, str, str]:
 
 def flag(rows: Iterable[Row]) -> None:
     """Write each rlk row's findings into `row.findings` (replacing what was there), and its
-    time as a multiple of its group's floor row (rlk.bench.floors) into `row.floor_ratio`."""
+    time as a multiple of its group's floor row (rlk.bench.floors) into `row.floor_ratio`,
+    that row's impl into `row.floor`."""
     rows = list(rows)
     fastest_peers: dict[tuple[str, str, str, str], list[Row]] = {}
-    floors: dict[tuple[str, str, str, str], float] = {}
+    floors: dict[tuple[str, str, str, str], Row] = {}
     for row in rows:
         if row.status != PASS or row.time_ms is None:
             continue
         if row.kind == "peer":
             fastest_peers.setdefault(_key(row), []).append(row)
         elif row.kind == "floor" and row.time_ms > 0:
-            floors[_key(row)] = row.time_ms
+            floors[_key(row)] = row
     for row in rows:
-        row.findings, row.floor_ratio = [], None
+        row.findings, row.floor_ratio, row.floor = [], None, None
         if row.kind != "rlk" or row.time_ms is None:
             continue
-        if _key(row) in floors:  # a row that failed its check was still timed
-            row.floor_ratio = row.time_ms / floors[_key(row)]
+        floor = floors.get(_key(row))
+        if floor is not None and floor.time_ms:  # a row that failed its check was still timed
+            row.floor_ratio, row.floor = row.time_ms / floor.time_ms, floor.impl
         if row.status != PASS:
             continue
         if row.roofline_pct is not None and row.roofline_pct < ROOFLINE_FLOOR_PCT:

@@ -96,7 +96,7 @@ def markdown_table(rows: list[Row]) -> str:
     lines = [header, "|" + " --- |" * 11]
     for r in rows:
         pct = "-" if r.roofline_pct is None else f"{r.roofline_pct:.0f}% ({r.bound})"
-        floor = [] if r.floor_ratio is None else [f"{r.floor_ratio:.3f}x the cublas floor"]
+        floor = [] if r.floor_ratio is None else [f"{r.floor_ratio:.3f}x the {r.floor} floor"]
         note = "; ".join([r.reason, *floor] if r.status != "pass" else
                          [*(f"finding: {f}" for f in r.findings), *floor,
                           *([r.note] if r.note else [])])

@@ -39,3 +39,4 @@ class Row:
     note: str = ""
     findings: list[str] = field(default_factory=list)  # see rlk.bench.findings
     floor_ratio: float | None = None  # time over the group's floor row's (rlk.bench.floors)
+    floor: str | None = None  # that floor row's impl (cublas, backbone)

@@ -12,6 +12,8 @@ if importlib.util.find_spec("hypothesis") is None:  # rlk-core[dev] brings it
 else:
     import fuzzing
 
+    fuzzing.stop_at_the_next_example_on_interrupt()
+
     def _mode() -> str:
         if fuzzing.SEED is None:
             return f"replay (derandomized), {fuzzing.EXAMPLES} examples a test"

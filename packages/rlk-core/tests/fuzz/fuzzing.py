@@ -16,6 +16,7 @@ import collections
 import contextlib
 import os
 import secrets
+import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -39,6 +40,7 @@ EXAMPLES = int(os.environ.get("RLK_FUZZ_EXAMPLES", "100"))
 DEVICE = torch.device(os.environ.get("RLK_FUZZ_DEVICE", "cpu"))
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 COUNTS: collections.Counter[str] = collections.Counter()
+INTERRUPTED = False  # a SIGINT arrived (see stop_at_the_next_example_on_interrupt)
 
 # The replay does not shrink: a sub-case marked xfail would spend its time there, and CI
 # reports the failing example as drawn. A random pass shrinks, to report a minimal one.
@@ -59,8 +61,28 @@ def fuzz(**strategies: Any) -> Callable[[Callable[..., None]], Callable[..., Non
 
 
 def tally(op: str) -> None:
-    """Count one example of `op` (the run's summary prints the counts)."""
+    """Count one example of `op` (the run's summary prints the counts); an interrupted run
+    stops here if its KeyboardInterrupt was dropped."""
+    if INTERRUPTED:
+        raise KeyboardInterrupt("SIGINT received earlier, where Python dropped its exception")
     COUNTS[op] += 1
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    global INTERRUPTED
+    INTERRUPTED = True
+    signal.default_int_handler(signum, frame)
+
+
+def stop_at_the_next_example_on_interrupt() -> None:
+    """Make a SIGINT stop the run even where its KeyboardInterrupt is dropped.
+
+    Python prints and drops an exception raised in a gc callback, and Hypothesis times the
+    collector with one, so a long run's interrupt (tools/gpu/fuzz_long.sh) that lands there
+    was lost and the process ran on until killed, its counts unreported. The handler also
+    sets INTERRUPTED, and the next example's tally raises again."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupt)
 
 
 def on_device(value: Any) -> Any:

@@ -17,6 +17,7 @@ import contextlib
 import os
 import secrets
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -81,7 +82,8 @@ def stop_at_the_next_example_on_interrupt() -> None:
     collector with one, so a long run's interrupt (tools/gpu/fuzz_long.sh) that lands there
     was lost and the process ran on until killed, its counts unreported. The handler also
     sets INTERRUPTED, and the next example's tally raises again."""
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    on_main_thread = threading.current_thread() is threading.main_thread()  # signal's rule
+    if on_main_thread and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupt)
 
 

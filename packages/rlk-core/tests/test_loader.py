@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -238,10 +239,11 @@ def _exit_status(pid: int, timeout: float) -> int | None:
     return None
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
-def test_a_child_forked_while_another_thread_loads_plugins_loads_them_itself(use_plugins):
-    """The loading thread does not exist in the child: its lock must not stay held there."""
-    use_plugins(stalling="fake_plugins:stalling")
+def _fork_during_a_stalled_load(release_after: float | None,
+                                expected: set[str]) -> tuple[int | None, float]:
+    """Fork while another thread's plugin load is stalled (released after `release_after`
+    seconds, or once the fork returns); the child loads and exits 0 if the `expected`
+    backends are there. The child's status (None: it hung) and how long the fork took."""
     stalling = fake_plugins.Stalling
     stalling.started.clear()
     stalling.release.clear()
@@ -249,17 +251,49 @@ def test_a_child_forked_while_another_thread_loads_plugins_loads_them_itself(use
     loading.start()
     try:
         assert stalling.started.wait(30)
+        if release_after is not None:
+            threading.Timer(release_after, stalling.release.set).start()
+        began = time.monotonic()
         with warnings.catch_warnings():  # "this process is multi-threaded": the point here
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()
-        if pid == 0:  # the child: load, and say whether the stalled plugin is there
+        if pid == 0:  # the child: load, and say whether the stalled plugins are there
             code = 3
             try:
-                code = 0 if "stalling" in [b.name for b in rlk.backends("cpu")] else 4
+                names = [b.name for b in rlk.backends("cpu")]
+                code = 0 if expected <= set(names) else 4
             finally:
                 os._exit(code)
-        status = _exit_status(pid, timeout=60)
+        took = time.monotonic() - began
+        stalling.release.set()
+        return _exit_status(pid, timeout=60), took
     finally:
         stalling.release.set()
         loading.join()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+@pytest.mark.parametrize("stalled_in", ["hook", "import"])
+def test_a_fork_waits_for_another_threads_plugin_load(use_plugins, monkeypatch, stalled_in):
+    """Forked mid-load, the child would inherit locks held by a thread it lacks: the loader's
+    and, mid-import, Python's lock on that module (the child then hung at its import)."""
+    if stalled_in == "hook":
+        use_plugins(stalling="fake_plugins:stalling")
+        expected = {"stalling"}
+    else:
+        monkeypatch.delitem(sys.modules, "fake_plugin_stalling_import", raising=False)
+        use_plugins(stalling_import="fake_plugin_stalling_import:plugin")
+        expected = {"stalling_import"}
+    status, took = _fork_during_a_stalled_load(release_after=0.5, expected=expected)
+    assert took >= 0.4, f"the fork did not wait for the load ({took:.2f} s)"
+    assert status == 0, "the forked child hung" if status is None else status
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_child_forked_after_the_wait_ran_out_loads_plugins_itself(use_plugins, monkeypatch):
+    """Past FORK_WAIT_S the fork goes ahead: the child gets a free loader lock and loads."""
+    monkeypatch.setattr(rlk.plugins, "FORK_WAIT_S", 0.2)
+    use_plugins(stalling="fake_plugins:stalling")
+    status, took = _fork_during_a_stalled_load(release_after=None, expected={"stalling"})
+    assert took < 10, f"the fork waited {took:.1f} s, past FORK_WAIT_S"
     assert status == 0, "the forked child hung on the loader's lock" if status is None else status

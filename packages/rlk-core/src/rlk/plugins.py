@@ -38,6 +38,7 @@ from rlk.watchdog import warn_if_slow
 ENTRY_POINT_GROUP = "rlk.backends"
 _LOADERS: weakref.WeakSet[PluginLoader] = weakref.WeakSet()
 BUILTIN_PLUGINS = ("rlk.native",)
+FORK_WAIT_S = 30.0  # how long os.fork() waits for another thread's plugin load to end
 LOADED, FAILED, BLOCKED, DUPLICATE = "loaded", "failed", "blocked", "duplicate"
 # what importlib can load: a dotted module, optionally ":attr.path", optionally "[extras]"
 _VALID_TARGET = re.compile(r"^\s*[\w.]+\s*(:\s*[\w.]+\s*)?(\[[^\]]*\])?\s*$")
@@ -68,6 +69,7 @@ class PluginLoader:
         self._lock = threading.RLock()
         self._loaded = False
         self._loading_thread: int | None = None  # the thread running _load_all, if one is
+        self._held_for_fork = False
         _LOADERS.add(self)
 
     @property
@@ -114,12 +116,25 @@ class PluginLoader:
         self.registry.clear()
         self.records = []
 
+    def before_fork(self) -> None:
+        """Let a load another thread is running end first (FORK_WAIT_S at most): a child
+        forked mid-load would inherit Python's lock on the module being imported, held by a
+        thread it does not have, and hang at its first import of that module."""
+        self._held_for_fork = self._lock.acquire(timeout=FORK_WAIT_S)
+
+    def after_fork_in_parent(self) -> None:
+        if self._held_for_fork:
+            self._held_for_fork = False
+            self._lock.release()
+
     def after_fork_in_child(self) -> None:
-        """A forked child has only the thread that forked: a lock another thread held would
-        stay held forever, and a load that thread was running would never end. Give the
-        child a free lock and, if such a load was under way, nothing loaded: it loads again.
-        (A load running on the forking thread itself goes on in the child, lock and all.)"""
+        """A forked child has only the thread that forked. A load running on it goes on in
+        the child, lock and all. Otherwise the child gets a free lock and, where the wait
+        for another thread's load ran out, nothing loaded: it loads again."""
+        held, self._held_for_fork = self._held_for_fork, False
         if self._loading_thread == threading.get_ident():
+            if held:
+                self._lock.release()
             return
         self._lock = threading.RLock()
         if self._loading_thread is not None:
@@ -266,10 +281,15 @@ def failed_plugins(records: Iterable[PluginRecord]) -> list[str]:
     return [r.name for r in records if r.status == FAILED]
 
 
-def _after_fork_in_child() -> None:
-    for loader in list(_LOADERS):
-        loader.after_fork_in_child()
+def _at_fork(step: str) -> Callable[[], None]:
+    def run() -> None:
+        for loader in list(_LOADERS):
+            getattr(loader, step)()
+
+    return run
 
 
 if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(before=_at_fork("before_fork"),
+                        after_in_parent=_at_fork("after_fork_in_parent"),
+                        after_in_child=_at_fork("after_fork_in_child"))

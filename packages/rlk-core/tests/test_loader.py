@@ -265,7 +265,6 @@ def _fork_during_a_stalled_load(release_after: float | None,
             finally:
                 os._exit(code)
         took = time.monotonic() - began
-        stalling.release.set()
         return _exit_status(pid, timeout=60), took
     finally:
         stalling.release.set()

@@ -22,7 +22,7 @@ nox.options.sessions = ["lint", "tests", "docs", "wheels", "build-cuda", "build-
 
 TORCH = os.environ.get("RLK_TORCH", "torch==2.13.0")
 CORE = "packages/rlk-core"
-PURE_PLUGINS = ["packages/rlk-flashinfer", "packages/rlk-vllm"]
+PURE_PLUGINS = ["packages/rlk-flashinfer", "packages/rlk-quack", "packages/rlk-vllm"]
 TEST_BACKEND = "tests/plugins/rlk-testbackend"
 FAILING_TEST_PLUGINS = "broken,oldapi,badhook,lazyfail"
 STRICT_ENV = {"RLK_STRICT_PLUGINS": "1", "RLK_DISABLE_PLUGINS": FAILING_TEST_PLUGINS}
@@ -223,7 +223,7 @@ def _install_wheels(session: nox.Session, extras: str) -> None:
     session.install(TORCH)
     no_compiler = {"PATH": session.bin}
     session.install("--find-links", DIST, "--only-binary", "rlk-core,rlk-cuda,rlk-rocm,"
-                    "rlk-flashinfer,rlk-vllm", f"rlk-core[{extras}]", env=no_compiler)
+                    "rlk-flashinfer,rlk-quack,rlk-vllm", f"rlk-core[{extras}]", env=no_compiler)
     session.run("rlk-core", "doctor", env=no_compiler)
 
 

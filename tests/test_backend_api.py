@@ -21,6 +21,7 @@ BACKEND_SOURCES = {
     "rlk-cuda": REPO / "packages/rlk-cuda/src",
     "rlk-rocm": REPO / "packages/rlk-rocm/src",
     "rlk-flashinfer": REPO / "packages/rlk-flashinfer/src",
+    "rlk-quack": REPO / "packages/rlk-quack/src",
     "rlk-vllm": REPO / "packages/rlk-vllm/src",
     "rlk-testbackend": REPO / "tests/plugins/rlk-testbackend/src",
 }

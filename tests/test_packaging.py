@@ -33,7 +33,7 @@ def init_version(name: str) -> str:
 
 
 def test_the_backends_are_all_there() -> None:
-    assert BACKENDS == ["rlk-cuda", "rlk-flashinfer", "rlk-rocm", "rlk-vllm"]
+    assert BACKENDS == ["rlk-cuda", "rlk-flashinfer", "rlk-quack", "rlk-rocm", "rlk-vllm"]
 
 
 @pytest.mark.parametrize("name", NAMES)

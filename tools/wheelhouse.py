@@ -5,9 +5,9 @@
 --repair: auditwheel repairs each native wheel of RAW_DIR into dist/ (it gives the wheel the
 manylinux tag its contents allow, and would copy in any library outside that policy). Then the
 checks, one line per problem and a non-zero exit if any:
-- every package has one sdist; rlk-core, rlk-flashinfer and rlk-vllm one pure wheel; rlk-cuda
-  and rlk-rocm one wheel per given Python below 3.12 plus one cp312-abi3 (when a given Python is
-  3.12 or later); all of one version; none larger than the limit;
+- every package has one sdist; rlk-core, rlk-flashinfer, rlk-quack and rlk-vllm one pure wheel;
+  rlk-cuda and rlk-rocm one wheel per given Python below 3.12 plus one cp312-abi3 (when a given
+  Python is 3.12 or later); all of one version; none larger than the limit;
 - auditwheel leaves each native wheel as it is: its tag is the one its contents allow and it
   needs no library from outside but those its package names in EXTERNAL;
 - each native wheel's extension loads under every given Python its tag admits.
@@ -23,7 +23,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-PURE = ("rlk_core", "rlk_flashinfer", "rlk_vllm")
+PURE = ("rlk_core", "rlk_flashinfer", "rlk_quack", "rlk_vllm")
 NATIVE = ("rlk_cuda", "rlk_rocm")
 # Libraries a native wheel takes from its environment although no manylinux policy lists them:
 # rlk-rocm's HIP runtime is the one its ROCm torch has loaded; a copy in the wheel would clash.

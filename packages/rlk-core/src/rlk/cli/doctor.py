@@ -67,7 +67,8 @@ def render(report: dict[str, Any]) -> str:
     env = report["environment"]
     lines = ["rlk doctor", "", "Environment"]
     for key in ("python", "platform", "rlk", "torch", "torch_cuda", "torch_hip",
-                "cuda_available", "nvcc", "triton", "flashinfer", "vllm"):
+                "cuda_available", "nvcc", "triton", "flashinfer", "quack", "cutlass_dsl",
+                "vllm"):
         lines.append(f"  {key:15} {env[key] if env[key] is not None else 'not found'}")
     for gpu in env["gpus"]:
         arch = gpu.get("capability") or gpu.get("arch")

@@ -149,7 +149,7 @@ PEERS = {
 
 LINEAR_LOGP = Workload(
     name="linear-logp", op="linear_logp", modes=(FORWARD, FORWARD_BACKWARD),
-    cases=(case(8192, 4096, 151936), case(8192, 2048, 32768)),
+    cases=(case(8192, 4096, 151936), case(8192, 2048, 32768), case(8192, 4096, 50257)),
     smoke_cases=(case(40, 32, 300),), inputs=make_inputs, rlk_call=rlk_call,
     reference=expected, compare=compare, cost=cost, peers=PEERS,
     doc="rlk.linear_logp: hidden @ weight.T and logp without the [N, V] logits")

@@ -1,0 +1,124 @@
+"""Registration through the entry point, the probe's reasons, and a lazy QuACK import."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlk.registry import Registry
+from rlk_quack import kernel, library, plugin
+from rlk_quack.probe import probe
+
+SUPPORTED = {"quack-kernels": "0.6.5", "nvidia-cutlass-dsl": "4.7.0"}
+
+
+def _rlk_cuda_priority() -> int:
+    """rlk-cuda's PRIORITY from its source (the tests session does not install it)."""
+    source = Path(__file__).resolve().parents[2] / "rlk-cuda/src/rlk_cuda/plugin.py"
+    match = re.search(r"^PRIORITY = (\d+)$", source.read_text(), re.MULTILINE)
+    assert match, source
+    return int(match.group(1))
+
+
+def test_registers_a_forward_only_linear_logp_kernel_above_rlk_cuda():
+    registry = Registry(["linear_logp", "linear_logp_entropy", "logp"])
+    plugin.rlk_register(registry)
+    backend = registry.backends["quack"]
+    assert (backend.probe, backend.version) == (probe, "0.1.0")
+    assert backend.priority > _rlk_cuda_priority()
+    (served,) = registry.kernels["linear_logp"]
+    assert served.target == "rlk_quack.kernel:forward"  # imported on selection
+    assert served.backward_target is None  # calls needing a gradient fall through
+    assert served.check is kernel.check
+    assert served.devices == ("cuda",)
+    assert served.dtypes == (torch.bfloat16, torch.float16)
+    assert registry.kernels["linear_logp_entropy"] == registry.kernels["logp"] == []
+    assert plugin.RLK_PLUGIN_API == "2.0"
+
+
+def test_an_older_core_without_the_op_gets_the_backend_alone():
+    registry = Registry(["logp"])
+    plugin.rlk_register(registry)
+    assert "quack" in registry.backends and registry.kernels["logp"] == []
+
+
+def test_entry_point_names_the_plugin_module():
+    points = metadata.entry_points(group="rlk.backends")
+    assert [p.value for p in points if p.name == "quack"] == ["rlk_quack.plugin"]
+
+
+def test_import_and_registration_do_not_import_quack_or_the_dsl():
+    code = (
+        "import sys, rlk, rlk_quack.plugin, rlk_quack.kernel;"
+        "rlk.backends();"
+        "assert 'quack' not in sys.modules, 'quack imported eagerly';"
+        "assert 'cutlass' not in sys.modules, 'the DSL imported eagerly'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_rlk_lists_the_backend_with_its_reason_on_cpu():
+    import rlk
+
+    record = {r.name: r for r in rlk.backends("cpu")}["quack"]
+    assert (record.priority, record.status) == (plugin.PRIORITY, "unavailable")
+    assert record.reason.startswith(("quack is not installed", "no CUDA device"))
+
+
+def test_probe_without_quack_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setitem(sys.modules, "quack", None)  # what a failed import leaves
+    assert probe(torch.device("cuda")) == (
+        "quack is not installed (pip install 'rlk-quack[quack]': docs/backends/quack.md)")
+
+
+def test_supported_versions_pass():
+    assert library.version_reason(SUPPORTED) is None
+    assert library.version_reason({"quack-kernels": "0.6.9", "nvidia-cutlass-dsl": "4.7.2"}) is None
+
+
+@pytest.mark.parametrize(("distribution", "version", "words"), [
+    ("quack-kernels", "0.6.4", "quack-kernels 0.6.4 is outside the supported range >=0.6.5,<0.7.0"),
+    ("quack-kernels", "0.7.0", "outside the supported range"),
+    ("nvidia-cutlass-dsl", "4.8.1", "nvidia-cutlass-dsl 4.8.1 is outside the supported range "
+                                    ">=4.7.0,<4.8.0"),
+    ("nvidia-cutlass-dsl", "nightly", "outside the supported range"),
+    ("nvidia-cutlass-dsl", None, "nvidia-cutlass-dsl is not installed"),
+])
+def test_unsupported_or_missing_versions_are_named(distribution: str, version: str | None,
+                                                    words: str):
+    reason = library.version_reason({**SUPPORTED, distribution: version})
+    assert reason is not None and words in reason, reason
+
+
+def test_probe_names_the_device_it_cannot_serve(fake, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(library, "installed_versions", lambda: dict(SUPPORTED))
+    assert probe(torch.device("cpu")) == (
+        "no CUDA device (QuACK runs on NVIDIA GPUs; asked for cpu)")
+    if not torch.cuda.is_available():
+        assert probe(torch.device("cuda")).startswith("no CUDA device")
+
+
+def test_an_older_gpu_is_named_by_its_capability(fake, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(library, "installed_versions", lambda: dict(SUPPORTED))
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (8, 0))
+    assert probe(torch.device("cuda", 0)) == (
+        "device is sm_80; QuACK's GEMM needs sm_90 (Hopper) or sm_100 (Blackwell)")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
+    assert probe(torch.device("cuda", 0)) is None
+    assert probe(torch.device("cuda", 3)) == "no CUDA device cuda:3 (torch sees 1)"
+
+
+def test_the_kernel_names_the_install_when_quack_is_missing(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setitem(sys.modules, "quack", None)
+    monkeypatch.delitem(sys.modules, "quack.epilogue.library", raising=False)
+    with pytest.raises(ImportError, match=r"pip install 'rlk-quack\[quack\]'"):
+        library.load_lse_target()

@@ -10,9 +10,10 @@ from rlk_quack.kernel import check
 from rlk_quack.probe import probe
 
 RLK_PLUGIN_API = "2.0"
-# Above rlk-cuda (200): the calls `check` takes are one GEMM's time here, 1.17-1.26x there.
-# Everything else (gradients, temperature, bias, soft cap, shards) falls through to it.
-PRIORITY = 250
+# Below rlk-cuda (200) until this backend's GPU test has passed on a GPU (it has not yet run on
+# one): opt in with RLK_BACKENDS=quack or rlk.use_backends("quack"). The calls `check` takes
+# are one GEMM's time with QuACK, 1.17-1.26x with rlk-cuda; the others fall through to it.
+PRIORITY = 150
 
 
 @hookimpl

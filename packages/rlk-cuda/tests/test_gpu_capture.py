@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 import rlk
 import torch
+from rlk.testing.capture import captured
 
 pytestmark = pytest.mark.gpu
 B, T, H, V = 4, 24, 64, 1000  # N = B * T = 96 tokens
@@ -194,21 +195,6 @@ def test_linear_logp_in_vocabulary_chunks(monkeypatch: pytest.MonkeyPatch, name:
     _capture_and_compare(name, True)
 
 
-def _captured(run: Callable[[], Outputs]) -> tuple[torch.cuda.CUDAGraph, Outputs]:
-    """`run` warmed up on a side stream (torch's recipe), then captured: the graph and the
-    outputs its replays write."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outputs = run()
-    return graph, outputs
-
-
 def _replay_on(graph: torch.cuda.CUDAGraph, static: Inputs, x: Inputs) -> None:
     with torch.no_grad():
         for key, value in x.items():
@@ -224,12 +210,12 @@ def _capture_and_compare(name: str, backward: bool) -> None:
     run = _step(call, leaves, backward)
     static = _leaf_inputs(fresh(0), leaves)
     with rlk.use_backends("cuda", strict=True):
-        graph, captured = _captured(lambda: run(static))
+        graph, replayed = captured(lambda: run(static))
         for seed in (11, 12, 13):
             x = fresh(seed)
             _replay_on(graph, static, x)
             eager = run(_leaf_inputs(x, leaves))
-            for index, (got, want) in enumerate(zip(captured, eager, strict=True)):
+            for index, (got, want) in enumerate(zip(replayed, eager, strict=True)):
                 assert _equal(got, want.detach()), f"{name}: output {index}, inputs {seed}"
 
 
@@ -248,7 +234,7 @@ def test_trainer_step_accumulates_into_grad() -> None:
         return (loss,)
 
     with rlk.use_backends("cuda", strict=True):
-        graph, (loss,) = _captured(lambda: step(static))
+        graph, (loss,) = captured(lambda: step(static))
         for seed in (21, 22):
             x = fresh(seed)
             _replay_on(graph, static, x)

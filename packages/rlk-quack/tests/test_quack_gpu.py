@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import rlk
+from rlk.testing.capture import captured
 from rlk.testing.poison import poisoned_allocations
 from rlk_quack.kernel import forward
 from rlk_quack.probe import probe
@@ -145,19 +146,11 @@ def test_capture_replays_equal_eager_calls():
             return rlk.linear_logp(hidden, weight, tokens)
 
     with rlk.use_backends("quack", strict=True):
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                run()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            captured = run()
+        graph, replayed = captured(run)
         for seed in (11, 12):
             fresh = _inputs(96, 256, 1000, 3.0, torch.bfloat16, seed)
             for static, value in zip((hidden, weight, tokens), fresh, strict=True):
                 static.copy_(value)
             graph.replay()
             torch.cuda.synchronize()
-            assert torch.equal(captured, run()), seed
+            assert torch.equal(replayed, run()), seed

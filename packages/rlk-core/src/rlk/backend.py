@@ -59,6 +59,7 @@ from rlk import registry as _registry
 from rlk._runtime import lm_head, shards, validate
 from rlk._runtime import temperature as _temperature
 from rlk._runtime.contract import BoundKernel
+from rlk._runtime.probing import module_found, nvidia_device_reason
 from rlk._runtime.spec import specs
 from rlk._runtime.temperature import overflow_safe
 from rlk.errors import KernelError
@@ -105,6 +106,8 @@ hookimpl = hookspec.hookimpl
 Probe = _registry.Probe
 """``probe(device) -> str | None``: None when the backend serves that torch.device, else a
 one-line reason. Cheap; never initialises CUDA where NVML or torch metadata answer."""
+
+# module_found and nvidia_device_reason answer what most probes ask (their own docstrings).
 
 Check = _registry.Check
 """``check(**kernel_args) -> str | None``: None when the kernel takes this call, else the
@@ -192,6 +195,8 @@ __all__ = [
     "hookimpl",
     "linear_policy_loop",
     "lm_head",
+    "module_found",
+    "nvidia_device_reason",
     "one_token_per_row",
     "overflow_safe",
     "rlk_register",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import re
 import sys
 from importlib import metadata
@@ -13,16 +12,6 @@ DISTRIBUTION = "flashinfer-python"
 MODULE = "flashinfer"
 SUPPORTED = "0.6.x-0.7.x"
 _LOWEST, _BEYOND = (0, 6), (0, 8)
-
-
-def is_installed() -> bool:
-    """True when `import flashinfer` can find a module (a test may inject one)."""
-    if MODULE in sys.modules:
-        return sys.modules[MODULE] is not None
-    try:
-        return importlib.util.find_spec(MODULE) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def installed_version() -> str | None:

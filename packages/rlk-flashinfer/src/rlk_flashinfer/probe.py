@@ -13,12 +13,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
+from rlk.backend import module_found, nvidia_device_reason
 from rlk_flashinfer import library
 
 _DEFAULT_CUDA_HOME = Path("/usr/local/cuda")
@@ -26,7 +26,7 @@ _DEFAULT_CUDA_HOME = Path("/usr/local/cuda")
 
 def probe(device: torch.device) -> str | None:
     """None when FlashInfer can sample on `device`, else a one-line reason."""
-    if not library.is_installed():
+    if not module_found(library.MODULE):
         return "flashinfer is not installed (pip install 'rlk-flashinfer[flashinfer]')"
     version = library.installed_version()
     return (
@@ -39,29 +39,15 @@ def probe(device: torch.device) -> str | None:
 
 def triton_reason() -> str | None:
     """None when `import triton` can find a module (the backend's kernels are Triton)."""
-    if "triton" in sys.modules:
-        found = sys.modules["triton"] is not None
-    else:
-        try:
-            found = importlib.util.find_spec("triton") is not None
-        except (ImportError, ValueError):
-            found = False
-    return None if found else ("triton is not installed (the backend's kernels are Triton; "
-                               "torch's CUDA wheels bring it: pip install triton)")
+    if module_found("triton"):
+        return None
+    return ("triton is not installed (the backend's kernels are Triton; torch's CUDA wheels "
+            "bring it: pip install triton)")
 
 
 def device_reason(device: torch.device) -> str | None:
     """None for a visible NVIDIA CUDA device; torch metadata answers without a CUDA context."""
-    if device.type != "cuda":
-        return f"no CUDA device (FlashInfer runs on NVIDIA GPUs; asked for {device.type})"
-    if torch.version.hip is not None:
-        return "no CUDA device (this torch is a ROCm build; FlashInfer supports NVIDIA only)"
-    if not torch.cuda.is_available():
-        return "no CUDA device (torch.cuda.is_available() is False)"
-    count = torch.cuda.device_count()
-    if device.index is not None and device.index >= count:
-        return f"no CUDA device {device} (torch sees {count})"
-    return None
+    return nvidia_device_reason(device, "FlashInfer")
 
 
 # FlashInfer's JIT modules the backend calls: the radix top-k.

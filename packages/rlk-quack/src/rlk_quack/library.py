@@ -7,9 +7,7 @@ reads distribution metadata; the kernel imports the one epilogue it calls on fir
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import re
-import sys
 from collections.abc import Callable
 from importlib import metadata
 from typing import Any
@@ -22,16 +20,6 @@ SUPPORTED = {
     # QuACK's CI image pins 4.7.0
     "nvidia-cutlass-dsl": ((4, 7, 0), (4, 8, 0)),
 }
-
-
-def is_installed() -> bool:
-    """True when `import quack` can find a module (a test may inject one)."""
-    if MODULE in sys.modules:
-        return sys.modules[MODULE] is not None
-    try:
-        return importlib.util.find_spec(MODULE) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def installed_version(distribution: str) -> str | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from rlk.backend import module_found, nvidia_device_reason
 from rlk_quack import library
 
 # compute capability majors QuACK 0.6.5's dense GEMM serves (gemm_sm90, gemm_sm100)
@@ -16,22 +17,17 @@ MAJORS = (9, 10)
 
 def probe(device: torch.device) -> str | None:
     """None when QuACK can serve `device`, else a one-line reason."""
-    if not library.is_installed():
+    if not module_found(library.MODULE):
         return "quack is not installed (pip install 'rlk-quack[quack]': docs/backends/quack.md)"
     return library.version_reason(library.installed_versions()) or device_reason(device)
 
 
 def device_reason(device: torch.device) -> str | None:
     """None for a visible NVIDIA device of compute capability 9.x or 10.x."""
-    if device.type != "cuda":
-        return f"no CUDA device (QuACK runs on NVIDIA GPUs; asked for {device.type})"
-    if torch.version.hip is not None:
-        return "no CUDA device (this torch is a ROCm build; QuACK supports NVIDIA only)"
-    if not torch.cuda.is_available():
-        return "no CUDA device (torch.cuda.is_available() is False)"
+    reason = nvidia_device_reason(device, "QuACK")
+    if reason is not None:
+        return reason
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if index >= torch.cuda.device_count():
-        return f"no CUDA device {device} (torch sees {torch.cuda.device_count()})"
     major, minor = torch.cuda.get_device_capability(index)
     if major not in MAJORS:
         return (f"device is sm_{major}{minor}; QuACK's GEMM needs sm_90 (Hopper) or "

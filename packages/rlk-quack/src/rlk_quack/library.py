@@ -1,7 +1,7 @@
 """Finding QuACK and the CuTe DSL, and their versions, without importing either.
 
-Importing QuACK loads the DSL's MLIR libraries (seconds, and a CUDA context), so the probe
-reads distribution metadata; the kernel imports the one epilogue it calls on first use.
+Importing QuACK loads the DSL's compiler (a 180 MB shared library), so the probe reads
+distribution metadata; the kernel imports the one epilogue it calls on first use.
 """
 
 from __future__ import annotations

@@ -12,16 +12,21 @@ import torch
 Captured = TypeVar("Captured")
 
 
+def warm_up_on_a_side_stream(run: Callable[[], object], calls: int) -> None:
+    """`run` called `calls` times on a side stream that the current stream then waits for."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(calls):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+
+
 def captured(run: Callable[[], Captured], warmups: int = 2) -> tuple[torch.cuda.CUDAGraph,
                                                                       Captured]:
     """`run` warmed up `warmups` times on a side stream, then captured: the graph and what the
     captured call returned, whose tensors each replay rewrites."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmups):
-            run()
-    torch.cuda.current_stream().wait_stream(side)
+    warm_up_on_a_side_stream(run, warmups)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         outputs = run()

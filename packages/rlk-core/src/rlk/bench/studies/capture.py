@@ -27,6 +27,7 @@ import torch
 
 import rlk
 from rlk.bench.workloads import sample as sample_workload
+from rlk.testing.capture import captured, warm_up_on_a_side_stream
 
 DEVICE = torch.device("cuda")
 ROWS = 64
@@ -48,23 +49,9 @@ def wall_us(call: Callable[[], object], loops: int = 5, reps: int = 200) -> floa
     return statistics.median(times)
 
 
-def _side_stream_warmup(call: Callable[[], object], calls: int) -> None:
-    """torch's recipe: warm up on a side stream that joins the current one after."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(calls):
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-
-
 def replayed(call: Callable[[], object]) -> Callable[[], object]:
     """A CUDA graph of one call (warmed up on a side stream first), as its replay."""
-    _side_stream_warmup(call, 3)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    return graph.replay
+    return captured(call, warmups=3)[0].replay
 
 
 def _row(label: str, call: Callable[[], object]) -> str:
@@ -132,7 +119,7 @@ def capture(variant: str) -> str:
     step = _step(kind)
     try:
         if warmup == "side":
-            _side_stream_warmup(step, 2)
+            warm_up_on_a_side_stream(step, 2)
         elif warmup == "default":
             step()
             step()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import os
 import platform
 import shutil
@@ -12,6 +11,8 @@ import sys
 from typing import Any
 
 import torch
+
+from rlk._runtime.probing import module_found
 
 
 def _version(distribution: str) -> str | None:
@@ -87,7 +88,7 @@ def collect() -> dict[str, Any]:
         "quack": _version("quack-kernels"),
         "cutlass_dsl": _version("nvidia-cutlass-dsl"),
         "importable": {
-            name: importlib.util.find_spec(name) is not None
+            name: module_found(name)
             for name in ("triton", "flashinfer", "vllm")
         },
     }

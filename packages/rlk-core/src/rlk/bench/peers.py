@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import importlib.util
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from rlk._runtime.probing import module_found
 from rlk.bench.workload import Blocked
 
 PEERS = ("eager", "compile", "unfused", "liger", "cce", "flashinfer", "quack", "cublas")
@@ -52,7 +52,7 @@ def load(peer: str, module: str, attr: str, device: torch.device) -> Any:
     """`module.attr` of a package peer, or Blocked: not installed, needs CUDA, fails to import."""
     distribution = DISTRIBUTIONS[peer]
     top = module.split(".")[0]
-    if importlib.util.find_spec(top) is None:
+    if not module_found(top):
         raise Blocked(f"{distribution} is not installed (pip install {distribution})")
     if device.type != "cuda":
         raise Blocked(f"{distribution} runs on CUDA devices only; this run is on {device.type}")

@@ -7,6 +7,7 @@ The adapters against the real TRL and verl are tested in tests/integrations (the
 from __future__ import annotations
 
 import importlib.metadata
+import re
 import subprocess
 import sys
 import types
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 import rlk
+from rlk.backend import version_range
 from rlk.integrations import UnsupportedVersionError, _patching, trl, verl
 
 
@@ -35,8 +37,7 @@ def test_a_version_outside_the_range_names_the_range(monkeypatch: pytest.MonkeyP
                                                      adapter, distribution: str,
                                                      outside: str) -> None:
     monkeypatch.setattr(importlib.metadata, "version", lambda name: outside)
-    low, high = adapter.SUPPORTED
-    span = f"{distribution}>={'.'.join(map(str, low))},<{'.'.join(map(str, high))}"
+    span = re.escape(f"{distribution}{version_range(*adapter.SUPPORTED)}")
     with pytest.raises(UnsupportedVersionError, match=f"supports {span}.*found {distribution} "
                                                       f"{outside}"):
         adapter.patch()
@@ -54,11 +55,12 @@ def test_a_missing_framework_raises_import_error(monkeypatch: pytest.MonkeyPatch
         adapter.patch()
 
 
-def test_release_reads_the_numeric_part() -> None:
-    assert _patching.release("1.16.0") == (1, 16, 0)
-    assert _patching.release("0.9.1.post2") == (0, 9, 1)
-    with pytest.raises(UnsupportedVersionError, match="cannot read"):
-        _patching.release("unknown")
+@pytest.mark.parametrize("adapter", [trl, verl])
+def test_an_unreadable_version_is_refused(monkeypatch: pytest.MonkeyPatch, adapter) -> None:
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "unknown")
+    with pytest.raises(UnsupportedVersionError, match=r"cannot read \w+'s version 'unknown'"):
+        adapter.patch()
+    assert not adapter.is_patched()
 
 
 @pytest.fixture

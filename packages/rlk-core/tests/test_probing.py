@@ -1,14 +1,22 @@
-"""rlk.backend's probe helpers: a module found without importing it, an NVIDIA device named."""
+"""rlk.backend's probe helpers: a module found without importing it, a distribution's
+version read and compared, an NVIDIA device named."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import sys
 import types
 
 import pytest
 import torch
 
-from rlk.backend import module_found, nvidia_device_reason
+from rlk.backend import (
+    installed_version,
+    module_found,
+    nvidia_device_reason,
+    release,
+    version_range,
+)
 
 
 def test_a_module_is_found_without_being_imported():
@@ -28,6 +36,32 @@ def test_sys_modules_answers_first(monkeypatch: pytest.MonkeyPatch):
 @pytest.mark.parametrize("name", ["rlk_no_such_module", "rlk_no_such_package.child", ""])
 def test_a_missing_or_malformed_name_is_not_found(name: str):
     assert not module_found(name)
+
+
+def test_installed_version_reads_metadata_without_importing():
+    assert installed_version("torch") == importlib.metadata.version("torch")
+    assert installed_version("rlk-no-such-distribution") is None
+
+
+@pytest.mark.parametrize(("version", "expected"), [
+    ("1.16.0", (1, 16, 0)), ("0.9.1.post2", (0, 9, 1)), ("4.7", (4, 7, 0)),
+    ("2.13.0+cpu", (2, 13, 0)), (" 3", (3, 0, 0)), ("1.2.3.4", (1, 2, 3)),
+    ("unknown", None), ("", None), ("v1.2", None),
+])
+def test_release_reads_the_leading_numbers(version: str, expected: tuple[int, ...] | None):
+    assert release(version) == expected
+
+
+def test_releases_compare_with_ranges_of_any_length():
+    dsl, trl_dev = release("4.7"), release("1.17.0.dev0")
+    assert dsl is not None and (4, 7, 0) <= dsl < (4, 8, 0)
+    assert trl_dev is not None and not (1, 16) <= trl_dev < (1, 17)
+    assert release("1.2.3.4", parts=4) == (1, 2, 3, 4)
+
+
+def test_version_range_is_written_as_pip_does():
+    assert version_range((1, 16), (1, 17)) == ">=1.16,<1.17"
+    assert version_range((0, 6, 5), (0, 7, 0)) == ">=0.6.5,<0.7.0"
 
 
 def test_device_reasons_name_the_library(monkeypatch: pytest.MonkeyPatch):

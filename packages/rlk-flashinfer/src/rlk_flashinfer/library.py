@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import importlib
-import re
 import sys
-from importlib import metadata
 from types import ModuleType
+
+from rlk import backend
 
 DISTRIBUTION = "flashinfer-python"
 MODULE = "flashinfer"
@@ -16,21 +16,17 @@ _LOWEST, _BEYOND = (0, 6), (0, 8)
 
 def installed_version() -> str | None:
     """The distribution's version from its metadata, else an already imported module's."""
-    try:
-        return metadata.version(DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        module = sys.modules.get(MODULE)
-        version = getattr(module, "__version__", None)
-        return str(version) if version else None
+    found = backend.installed_version(DISTRIBUTION)
+    if found is not None:
+        return found
+    version = getattr(sys.modules.get(MODULE), "__version__", None)
+    return str(version) if version else None
 
 
 def is_supported(version: str) -> bool:
     """True for 0.6.x and 0.7.x, the releases whose sampling API this backend was written for."""
-    match = re.match(r"\s*(\d+)\.(\d+)", version)
-    if match is None:
-        return False
-    release = (int(match.group(1)), int(match.group(2)))
-    return _LOWEST <= release < _BEYOND
+    found = backend.release(version)
+    return found is not None and _LOWEST <= found < _BEYOND
 
 
 def version_reason(version: str | None) -> str | None:

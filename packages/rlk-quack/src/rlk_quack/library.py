@@ -7,10 +7,10 @@ distribution metadata; the kernel imports the one epilogue it calls on first use
 from __future__ import annotations
 
 import importlib
-import re
 from collections.abc import Callable
-from importlib import metadata
 from typing import Any
+
+from rlk.backend import installed_version, release, version_range
 
 MODULE = "quack"
 # distribution -> (lowest supported release, first release beyond), as (major, minor, patch)
@@ -20,27 +20,6 @@ SUPPORTED = {
     # QuACK's CI image pins 4.7.0
     "nvidia-cutlass-dsl": ((4, 7, 0), (4, 8, 0)),
 }
-
-
-def installed_version(distribution: str) -> str | None:
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def release(version: str) -> tuple[int, int, int] | None:
-    """(major, minor, patch) of a version string; None when it does not start with one."""
-    match = re.match(r"\s*(\d+)\.(\d+)(?:\.(\d+))?", version)
-    if match is None:
-        return None
-    major, minor, patch = match.groups()
-    return int(major), int(minor), int(patch or 0)
-
-
-def _span(distribution: str) -> str:
-    lowest, beyond = SUPPORTED[distribution]
-    return f">={'.'.join(map(str, lowest))},<{'.'.join(map(str, beyond))}"
 
 
 def version_reason(versions: dict[str, str | None]) -> str | None:
@@ -54,11 +33,12 @@ def version_reason(versions: dict[str, str | None]) -> str | None:
         found = release(version)
         if found is None or not lowest <= found < beyond:
             return (f"{distribution} {version} is outside the supported range "
-                    f"{_span(distribution)}")
+                    f"{version_range(lowest, beyond)}")
     return None
 
 
 def installed_versions() -> dict[str, str | None]:
+    """Each distribution of SUPPORTED -> its installed version (None when absent)."""
     return {name: installed_version(name) for name in SUPPORTED}
 
 
@@ -69,8 +49,8 @@ def load_lse_target() -> Callable[..., dict[str, Any]]:
     except ImportError as exc:
         raise ImportError(
             f"the quack backend needs QuACK: pip install 'rlk-quack[quack]' "
-            f"(quack-kernels {_span('quack-kernels')}, nvidia-cutlass-dsl "
-            f"{_span('nvidia-cutlass-dsl')})"
+            f"(quack-kernels {version_range(*SUPPORTED['quack-kernels'])}, nvidia-cutlass-dsl "
+            f"{version_range(*SUPPORTED['nvidia-cutlass-dsl'])})"
         ) from exc
     epilogue: Callable[..., dict[str, Any]] = module.lse_target_epi
     return epilogue

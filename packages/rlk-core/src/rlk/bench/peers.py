@@ -7,13 +7,12 @@ one `blocked` row, never the run.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from rlk._runtime.probing import module_found
+from rlk._runtime.probing import installed_version, module_found
 from rlk.bench.workload import Blocked
 
 PEERS = ("eager", "compile", "unfused", "liger", "cce", "flashinfer", "quack", "cublas")
@@ -40,12 +39,7 @@ DESCRIPTIONS = {
 def version(peer: str) -> str | None:
     """The installed version of a package peer (None for torch-based peers or when absent)."""
     distribution = DISTRIBUTIONS.get(peer)
-    if distribution is None:
-        return None
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return None if distribution is None else installed_version(distribution)
 
 
 def load(peer: str, module: str, attr: str, device: torch.device) -> Any:

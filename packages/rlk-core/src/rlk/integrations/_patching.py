@@ -9,13 +9,13 @@ each swap, including bindings made while the patch was active.
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
-import re
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from rlk._runtime.probing import installed_version, release, version_range
 
 
 class UnsupportedOptionError(ValueError):
@@ -29,24 +29,18 @@ class UnsupportedVersionError(RuntimeError):
 Version = tuple[int, ...]
 
 
-def release(version: str) -> Version:
-    """The numeric release of a version string: "1.16.0.dev0" -> (1, 16, 0)."""
-    found = re.match(r"\d+(?:\.\d+)*", version)
-    if found is None:
-        raise UnsupportedVersionError(f"cannot read the version {version!r}")
-    return tuple(int(part) for part in found.group(0).split("."))
-
-
 def check_version(distribution: str, low: Version, high: Version, tested: str) -> str:
     """The installed version of `distribution`, which must satisfy low <= version < high."""
-    try:
-        installed = importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        raise ImportError(f"{distribution} is not installed") from None
-    if not low <= release(installed) < high:
-        span = f">={'.'.join(map(str, low))},<{'.'.join(map(str, high))}"
+    installed = installed_version(distribution)
+    if installed is None:
+        raise ImportError(f"{distribution} is not installed")
+    found = release(installed)
+    if found is None:
+        raise UnsupportedVersionError(f"cannot read {distribution}'s version {installed!r}")
+    if not low <= found < high:
+        supported = f"{distribution}{version_range(low, high)}"
         raise UnsupportedVersionError(
-            f"rlk's {distribution} adapter supports {distribution}{span} (tested with "
+            f"rlk's {distribution} adapter supports {supported} (tested with "
             f"{tested}); found {distribution} {installed}. Install a version in that range "
             f"or leave the framework unpatched.")
     return installed

@@ -31,7 +31,7 @@ def test_registers_a_forward_only_linear_logp_kernel_below_rlk_cuda_until_run_on
     plugin.rlk_register(registry)
     backend = registry.backends["quack"]
     assert (backend.probe, backend.version) == (probe, "0.1.0")
-    assert backend.priority < _rlk_cuda_priority()  # opt-in: docs/backends/quack.md
+    assert backend.priority > _rlk_cuda_priority()  # scoring calls: docs/backends/quack.md
     (served,) = registry.kernels["linear_logp"]
     assert served.target == "rlk_quack.kernel:forward"  # imported on selection
     assert served.backward_target is None  # calls needing a gradient fall through
@@ -122,3 +122,27 @@ def test_the_kernel_names_the_install_when_quack_is_missing(monkeypatch: pytest.
     monkeypatch.delitem(sys.modules, "quack.epilogue.library", raising=False)
     with pytest.raises(ImportError, match=r"pip install 'rlk-quack\[quack\]'"):
         library.load_lse_target()
+
+
+def test_explain_declines_a_float32_weight_beside_a_bfloat16_hidden(fake, monkeypatch):
+    """Through the real dispatcher, on CPU: the kernel served on CPU and the probe passed.
+    explain once selected on arguments whose weight core had already cast to bfloat16, so
+    `check` could not see the float32 master weight (test_quack_gpu caught it on an H100)."""
+    import dataclasses
+
+    import rlk
+    from rlk.dispatch import get_dispatcher
+
+    dispatcher = get_dispatcher()
+    dispatcher.loader.ensure_loaded()
+    on_cpu = [dataclasses.replace(k, devices=("cpu",)) if k.backend == "quack" else k
+              for k in dispatcher.registry.kernels["linear_logp"]]
+    monkeypatch.setitem(dispatcher.registry.kernels, "linear_logp", on_cpu)
+    monkeypatch.setattr(type(dispatcher), "probe", lambda self, backend, device: None)
+    hidden = torch.randn(4, 32, dtype=torch.bfloat16)
+    weight, tokens = torch.randn(40, 32), torch.randint(0, 40, (4,))
+    with torch.no_grad(), rlk.use_backends("quack"):
+        assert rlk.explain("linear_logp", hidden, weight.bfloat16(), tokens).backend == "quack"
+        chosen = rlk.explain("linear_logp", hidden, weight, tokens)
+    assert chosen.backend != "quack"
+    assert "float32 weight beside a bfloat16 hidden" in chosen.rejected["quack"]

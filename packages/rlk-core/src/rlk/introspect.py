@@ -95,5 +95,8 @@ def explain(op: str, *args: object, **kwargs: object) -> Selection:
     spec = op_spec(op)
     call = spec.prepare(*args, **kwargs)
     selection = spec.select(call)
-    plan = None if selection.kernel is None else getattr(selection.kernel.forward, "plan", None)
-    return selection if plan is None else dataclasses.replace(selection, plan=plan(**call))
+    if selection.kernel is None or not hasattr(selection.kernel.forward, "plan"):
+        return selection
+    if spec.operator is not None:  # the arguments as the chosen kernel will take them
+        call = spec.operator.bound(spec.bind(selection.kernel), call)
+    return dataclasses.replace(selection, plan=selection.kernel.forward.plan(**call))

@@ -110,10 +110,19 @@ def test_forward_matches_reference(rlk_case: Case) -> None:
     _assert_untouched("after the forward", args, pristine)
 
 
+def _without_backward(case: Case) -> bool:
+    """Whether the op's backward runs a kernel's backward and this kernel registered none
+    (a forward-only kernel: rlk passes it over when an input requires grad)."""
+    return case.spec.backward_kernel and case.kernel.backward_target is None
+
+
 def test_backward_matches_reference(rlk_case: Case) -> None:
     spec = rlk_case.spec
     if spec.grad_check is None or not rlk_case.sample.check_backward:
         pytest.skip("no backward for this op or this case")
+    if _without_backward(rlk_case):
+        pytest.skip(f"backend '{rlk_case.kernel.backend}' registered no backward for "
+                    f"'{spec.name}' (forward only)")
     _usable(rlk_case)
     assert spec.grad_tolerances is not None
     gen = torch.Generator().manual_seed(99)
@@ -136,16 +145,18 @@ def test_opcheck(rlk_case: Case) -> None:
         pytest.skip("opcheck compares outputs without NaN equality")
     op, op_args = rlk_case.spec.opcheck_case(_clone(rlk_case.sample.args))
     with rlk.use_backends(rlk_case.kernel.backend, strict=True):
-        torch.library.opcheck(op, op_args, test_utils=_opcheck_utils(rlk_case.spec))
+        torch.library.opcheck(op, op_args, test_utils=_opcheck_utils(rlk_case))
 
 
-def _opcheck_utils(spec: Any) -> tuple[str, ...]:
+def _opcheck_utils(case: Case) -> tuple[str, ...]:
     """opcheck's tests for the op. An operator that returns its own gradients (its forward
     computes them: linear_policy_loss) leaves out the AOT dispatch test: it backpropagates
     a cotangent into every output, and a cotangent on a gradient output asks for a second
-    derivative, which rlk's kernels refuse by name (tests/test_autograd_modes.py)."""
+    derivative, which rlk's kernels refuse by name (tests/test_autograd_modes.py). So does
+    a kernel without a backward: the test backpropagates through the pinned kernel."""
+    spec = case.spec
     utils = tuple(inspect.signature(torch.library.opcheck).parameters["test_utils"].default)
-    if spec.operator is not None and spec.operator.grad_outputs:
+    if (spec.operator is not None and spec.operator.grad_outputs) or _without_backward(case):
         return tuple(name for name in utils if name != "test_aot_dispatch_dynamic")
     return utils
 

@@ -66,6 +66,7 @@ def _flags(args: Mapping[str, Any]) -> tuple[Any, ...]:
         args.get("group") is not None,
         isinstance(args["temperature"], Tensor),
         args.get("softcap") is not None,
+        args["weight"].dtype != args["hidden"].dtype,  # a float32 weight some checks decline
     )
 
 
@@ -240,7 +241,7 @@ def _public_prepare(with_entropy: bool):
                 softcap: float | None = None, logit_scale: float = 1.0) -> dict[str, Any]:
         args, _ = _prepare(hidden, weight, tokens, bias, temperature, ignore_index, group,
                            softcap, logit_scale)
-        args = head.cast_arguments(args)
+        args = head.kernel_arguments(args)  # as the op's run selects on them
         args["with_entropy"] = with_entropy
         return args
 

@@ -122,6 +122,7 @@ def _flags(args: Mapping[str, Any]) -> tuple[Any, ...]:
         args["softcap"] is not None,
         _policy_flags(args["policy"]),
         args["needs_input_grad"],
+        args["weight"].dtype != args["hidden"].dtype,  # a float32 weight some checks decline
     )
 
 
@@ -302,7 +303,7 @@ def _public_prepare(hidden: Tensor, weight: Tensor, tokens: Tensor, old_logp: Te
     args = _prepare(hidden, weight, tokens, old_logp, advantages, mask, bias, temperature,
                     ignore_index, group, entropy_coef, softcap, logit_scale, options)
     args["needs_input_grad"] = _needs_grad(args["hidden"], args["weight"], args["bias"])
-    return head.cast_arguments(args)
+    return head.kernel_arguments(args)  # as the op's run selects on them
 
 
 def _reference_loss(args: Mapping[str, Any], hidden: Any, weight: Any,

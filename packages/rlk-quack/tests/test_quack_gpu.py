@@ -95,9 +95,9 @@ def test_ignored_out_of_range_and_nan_rows_with_poisoned_allocations():
 
 
 def test_selection_takes_scoring_calls_and_leaves_the_rest_to_rlk_cuda():
-    """Opted in (the backend ranks below rlk-cuda until it has run on a GPU)."""
+    """By priority alone: no backend named."""
     hidden, weight, tokens = _inputs(32, 128, 1000, 2.0, torch.bfloat16, 2)
-    with torch.no_grad(), rlk.use_backends("quack"):
+    with torch.no_grad():
         assert rlk.explain("linear_logp", hidden, weight, tokens).backend == "quack"
         for kwargs in ({"temperature": 0.7}, {"bias": torch.zeros_like(weight[:, 0])},
                        {"softcap": 30.0}, {"logit_scale": 0.5}):
@@ -105,18 +105,16 @@ def test_selection_takes_scoring_calls_and_leaves_the_rest_to_rlk_cuda():
             assert chosen.backend == "cuda" and "quack" in chosen.rejected, kwargs
         assert rlk.explain("linear_logp", hidden, weight.float(), tokens).backend == "cuda"
         assert rlk.explain("linear_logp_entropy", hidden, weight, tokens).backend == "cuda"
-    with rlk.use_backends("quack"):
-        chosen = rlk.explain("linear_logp", hidden.requires_grad_(True), weight, tokens)
-        assert chosen.backend == "cuda" and "backward" in chosen.rejected["quack"]
-        logp = rlk.linear_logp(hidden, weight, tokens)  # trains through rlk-cuda
-        logp.sum().backward()
+    chosen = rlk.explain("linear_logp", hidden.requires_grad_(True), weight, tokens)
+    assert chosen.backend == "cuda" and "backward" in chosen.rejected["quack"]
+    logp = rlk.linear_logp(hidden, weight, tokens)  # trains through rlk-cuda
+    logp.sum().backward()
     assert hidden.grad is not None and hidden.grad.isfinite().all()
 
 
 def test_autocast_scoring_is_served_in_the_autocast_dtype():
     hidden, weight, tokens = _inputs(48, 256, 3001, 3.0, torch.float32, 3)
-    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16), \
-            rlk.use_backends("quack"):
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         assert rlk.explain("linear_logp", hidden, weight.bfloat16(), tokens).backend == "quack"
         logp = rlk.linear_logp(hidden, weight.bfloat16(), tokens)
     want = _float64_logp(hidden.bfloat16(), weight.bfloat16(), tokens)

@@ -6,7 +6,7 @@ import importlib
 import sys
 from types import ModuleType
 
-from rlk import backend
+import rlk.backend
 
 DISTRIBUTION = "flashinfer-python"
 MODULE = "flashinfer"
@@ -16,7 +16,7 @@ _LOWEST, _BEYOND = (0, 6), (0, 8)
 
 def installed_version() -> str | None:
     """The distribution's version from its metadata, else an already imported module's."""
-    found = backend.installed_version(DISTRIBUTION)
+    found = rlk.backend.installed_version(DISTRIBUTION)
     if found is not None:
         return found
     version = getattr(sys.modules.get(MODULE), "__version__", None)
@@ -25,7 +25,7 @@ def installed_version() -> str | None:
 
 def is_supported(version: str) -> bool:
     """True for 0.6.x and 0.7.x, the releases whose sampling API this backend was written for."""
-    found = backend.release(version)
+    found = rlk.backend.release(version)
     return found is not None and _LOWEST <= found < _BEYOND
 
 

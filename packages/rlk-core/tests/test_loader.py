@@ -193,8 +193,9 @@ def test_plugin_api_versions_core_does_not_speak_are_refused(use_plugins):
     assert "newer than rlk-core's" in record.error
     assert record.api == "2.7"
     assert "not a 'major.minor' string" in str(api_versions.mismatch("one"))
-    assert "rlk-core speaks 2.0" in str(api_versions.mismatch("0.9"))
-    assert api_versions.mismatch("2.0") is None
+    assert f"rlk-core speaks {rlk.PLUGIN_API_VERSION}" in str(api_versions.mismatch("0.9"))
+    assert api_versions.mismatch("2.0") is None and api_versions.mismatch("2.1") is None
+    assert "upgrade rlk-core" in str(api_versions.mismatch("2.2"))
 
 
 def test_plugin_api_1_0_is_refused_with_what_changed_and_1_1_is_served_as_2_0():
@@ -202,10 +203,10 @@ def test_plugin_api_1_0_is_refused_with_what_changed_and_1_1_is_served_as_2_0():
     plugins are refused saying so; 1.1 named the contract that 2.0 now numbers honestly."""
     refused = str(api_versions.mismatch("1.0"))
     assert "no longer serves" in refused and "lse in float64" in refused
-    assert 'declare RLK_PLUGIN_API = "2.0"' in refused
+    assert 'declare RLK_PLUGIN_API = "2.1"' in refused
     assert api_versions.mismatch("1.1") is None
     assert api_versions.served_as("1.1") == "2.0"
-    assert "rlk-core speaks 2.0" in str(api_versions.mismatch("3.0"))
+    assert "rlk-core speaks 2.1" in str(api_versions.mismatch("3.0"))
 
 
 def test_plugin_without_a_hook_is_failed_not_silently_empty(use_plugins):

@@ -23,7 +23,7 @@ def test_registers_backend_and_sample_kernel():
     assert kernel.devices == ("cuda",)
     assert kernel.dtypes == (torch.float32, torch.bfloat16, torch.float16)
     assert registry.kernels["logp"] == []
-    assert plugin.RLK_PLUGIN_API == "1.1"
+    assert plugin.RLK_PLUGIN_API == "2.1"  # it uses the probe helpers 2.1 added
 
 
 def test_entry_point_names_the_plugin_module():

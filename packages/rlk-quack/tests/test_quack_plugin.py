@@ -39,7 +39,7 @@ def test_registers_a_forward_only_linear_logp_kernel_below_rlk_cuda_until_run_on
     assert served.devices == ("cuda",)
     assert served.dtypes == (torch.bfloat16, torch.float16)
     assert registry.kernels["linear_logp_entropy"] == registry.kernels["logp"] == []
-    assert plugin.RLK_PLUGIN_API == "2.0"
+    assert plugin.RLK_PLUGIN_API == "2.1"
 
 
 def test_an_older_core_without_the_op_gets_the_backend_alone():

@@ -4,7 +4,7 @@ Everything else in rlk-core is private to it. A backend is a distribution with a
 point in the group ``rlk.backends``, named like the backend it registers, pointing at a
 module (or object) that:
 
-1. declares ``RLK_PLUGIN_API = "2.0"``, the plugin API version it was written for;
+1. declares ``RLK_PLUGIN_API = "2.1"``, the plugin API version it was written for;
 2. implements the hook ``rlk_register(registry)``, marked with ``@hookimpl``, which calls
    ``registry.add_backend(name, priority=, probe=, version=)`` and then, per op it serves,
    ``registry.add_kernel(op, name, "pkg.module:function", backward=, devices=, dtypes=,

@@ -11,7 +11,7 @@ import pluggy
 from rlk.registry import Registry
 
 PROJECT = "rlk"
-API_VERSION = "2.0"
+API_VERSION = "2.1"
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)

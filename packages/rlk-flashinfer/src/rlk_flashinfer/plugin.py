@@ -8,7 +8,7 @@ from rlk.backend import Registry, hookimpl
 from rlk_flashinfer import __version__
 from rlk_flashinfer.probe import probe
 
-RLK_PLUGIN_API = "1.1"
+RLK_PLUGIN_API = "2.1"
 PRIORITY = 150
 
 

@@ -9,7 +9,7 @@ from rlk_quack import __version__
 from rlk_quack.kernel import check
 from rlk_quack.probe import probe
 
-RLK_PLUGIN_API = "2.0"
+RLK_PLUGIN_API = "2.1"
 # Above rlk-cuda (200): on an H100 the calls `check` takes ran 0.94-1.00x one cuBLAS GEMM
 # through this backend, where rlk-cuda's forward ran 1.17-1.27x (docs/backends/quack.md); the
 # others fall through to rlk-cuda.

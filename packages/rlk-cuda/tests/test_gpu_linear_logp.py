@@ -10,14 +10,21 @@ from rlk_cuda import linear_logp as linear
 
 pytestmark = pytest.mark.gpu
 
+# rows of one float32 logits block: the default (one block at these sizes), and a size that
+# leaves several blocks and a short last one
+BLOCK_ROWS = pytest.mark.parametrize("block_rows", [linear._BLOCK_ROWS, 48])
 
+
+@BLOCK_ROWS
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("with_entropy", [False, True])
 def test_linear_forward_backward(
-    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, with_bias: bool, with_entropy: bool
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, with_bias: bool, with_entropy: bool,
+    block_rows: int,
 ) -> None:
-    monkeypatch.setenv("RLK_CUDA_CHUNK_MB", "0.25")  # several row and vocabulary chunks
+    monkeypatch.setenv("RLK_CUDA_CHUNK_MB", "0.25")  # several vocabulary chunks
+    monkeypatch.setattr(linear, "_BLOCK_ROWS", block_rows)
     gen = torch.Generator(device="cuda").manual_seed(0)
     n, h, v = 300, 64, 3000
     hidden = (torch.randn(n, h, generator=gen, device="cuda") / 4).to(dtype)
@@ -135,14 +142,16 @@ def test_accumulate_mm_adds_in_float32() -> None:
     assert (acc.double() - want).abs().max() < 1e-3  # bf16 partial sums would be ~4 off
 
 
+@BLOCK_ROWS
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_softcap_temperature_and_scale_through_the_public_op(
-    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, block_rows: int
 ) -> None:
     import rlk
     from rlk.ops.linear_logp import reference
 
     monkeypatch.setenv("RLK_CUDA_CHUNK_MB", "0.25")
+    monkeypatch.setattr(linear, "_BLOCK_ROWS", block_rows)
     hidden, weight, tokens = _head(200, 64, 3001, dtype, std=8.0)
     tokens[::9] = -100
     temperature = torch.rand(200, device="cuda") + 0.5
@@ -163,12 +172,15 @@ def test_softcap_temperature_and_scale_through_the_public_op(
         assert (leaf.grad.double() - expected).abs().max() < gtol * scale
 
 
+@BLOCK_ROWS
 @pytest.mark.parametrize("softcap", [None, 4.0])
-def test_nan_hidden_state_in_an_ignored_row_gives_no_weight_gradient(softcap: float | None,
-                                                                      ) -> None:
+def test_nan_hidden_state_in_an_ignored_row_gives_no_weight_gradient(
+        monkeypatch: pytest.MonkeyPatch, softcap: float | None, block_rows: int) -> None:
     """Issue #19 item 7 on cuda: 0 * NaN in the weight-gradient GEMM; issue #31 S2: the soft
     cap's chain rule turned the ignored row's zero gradient into NaN."""
     import rlk
+
+    monkeypatch.setattr(linear, "_BLOCK_ROWS", block_rows)
 
     hidden, weight, tokens = _head(64, 32, 500, torch.bfloat16)
     tokens[3] = -100

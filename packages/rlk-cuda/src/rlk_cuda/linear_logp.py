@@ -1,10 +1,13 @@
 """linear_logp / linear_logp_entropy: cuBLAS GEMMs through torch, rlk kernels between them.
 
 Logits chunks are float32 (rlk.backend.lm_head: a float32-output GEMM of the inputs' dtype).
-Forward: vocabulary chunks of `hidden @ weight.T` over all rows, each reduced to partial
-softmax statistics by a kernel that overlaps the next chunk's GEMM, then merged in order.
-Backward: vocabulary chunks over all rows. Each chunk's logits are recomputed, the logp backward
-kernel turns them into their gradient in the GEMM input dtype, and two GEMMs consume it:
+Both passes compute a chunk's float32 logits a block of rows at a time (_BLOCK_ROWS), so that the
+budget buys wide chunks rather than tall ones.
+Forward: vocabulary chunks of `hidden @ weight.T`, each block reduced to partial softmax
+statistics by a kernel that overlaps the next block's GEMM, then merged in order.
+Backward: vocabulary chunks. Each block's logits are recomputed and the logp backward kernel turns
+them into their gradient in the GEMM input dtype, into a buffer of the chunk's width for all rows
+(2 bytes an element where the float32 logits take 4); two GEMMs over all rows consume it:
 grad_hidden accumulates in float32 across chunks, and grad_weight[chunk] comes from one GEMM over
 all rows (float32 accumulation inside cuBLAS), written in the weight's dtype: a reduced weight
 gets no float32 copy, a float32 weight beside a reduced hidden (the float32_weight property) is
@@ -33,6 +36,7 @@ from ._launch import device_of, dtype_code, dtype_codes, f32_empty, ptr, stream
 from .logp import launch_backward
 
 _DEFAULT_CHUNK_MB = 960  # see chunk_bytes
+_BLOCK_ROWS = 2048  # rows of one float32 logits block (one GEMM, one reduction)
 _ROW_ALIGN = 8  # buffer rows start on 32-byte boundaries: the kernels' 16-byte vectors fit
 
 
@@ -141,12 +145,13 @@ def _shard_forward(
         return logp, entropy, lse
     index = device_of("hidden", hidden)
     gemm = lm_head.gemm_dtype(hidden.dtype, hidden.device)
-    # Vocabulary chunks over all rows (large GEMMs). Two half-budget buffers: the reduction of
-    # one chunk (memory-bound, side stream) runs under the GEMM of the next (caller's stream).
-    width = _chunk_width(num, vocab, 4, 2)
+    # Vocabulary chunks, each in blocks of rows. Two half-budget buffers: the reduction of one
+    # block (memory-bound, side stream) runs under the GEMM of the next (caller's stream).
+    rows = min(num, _BLOCK_ROWS)
+    width = _chunk_width(vocab, chunk_bytes() // 2 // (rows * 4))
     nchunks = (vocab + width - 1) // width
-    buffers = [f32_empty(num * padded(width), device=device) for _ in range(2)]
-    partial = f32_empty(num * nchunks * 3, device=device)
+    buffers = [f32_empty(rows * padded(width), device=device) for _ in range(2)]
+    partial = f32_empty(num * nchunks * 3, device=device).view(num, nchunks * 3)
     tok_logit = f32_empty(num, device=device)
     tokens = tokens.to(torch.int64).contiguous()
     temp, temp_value = (
@@ -160,58 +165,65 @@ def _shard_forward(
     side.wait_stream(main)
     free: list[torch.cuda.Event | None] = [None, None]
 
-    def cols(logits: Tensor | None, start: int, chunk: int) -> None:
-        """One chunk's partial statistics, or with logits None the merge of all chunks."""
+    def cols(block: slice, logits: Tensor | None, start: int, chunk: int) -> None:
+        """One block's partial statistics of a chunk, or with logits None the merge of all
+        chunks."""
         width_here = 0 if logits is None else logits.shape[1]
         args = ext.LogpColsArgs(
             logits=ptr(logits),
             dtype=dtype_codes()[torch.float32],  # the chunks are float32 logits
-            N=num,
+            N=block.stop - block.start,
             C=width_here,
             row_stride=0 if logits is None else logits.stride(0),
             col_offset=start,
             vocab_total=vocab,
-            tokens=ptr(tokens),
+            tokens=ptr(tokens[block]),
             temperature=temp_value,
-            temp_rows=ptr(temp),
+            temp_rows=ptr(None if temp is None else temp[block]),
             ignore_index=int(ignore_index),
             chunk=chunk,
             nchunks=nchunks,
-            partial=ptr(partial),
-            tok_logit=ptr(tok_logit),
-            logp=ptr(logp),
-            entropy=ptr(entropy),
-            lse=ptr(lse),
+            partial=ptr(partial[block]),
+            tok_logit=ptr(tok_logit[block]),
+            logp=ptr(logp[block]),
+            entropy=ptr(None if entropy is None else entropy[block]),
+            lse=ptr(lse[block]),
         )
         launch = ext.logp_cols_merge if logits is None else ext.logp_cols_partial
         launch(device=index, stream=stream(index), args=args)
 
+    step = 0
     for chunk, start in enumerate(range(0, vocab, width)):
         stop = min(vocab, start + width)
-        slot = chunk % 2
-        event = free[slot]
-        if event is not None:
-            main.wait_event(event)
         w = weight[start:stop].to(gemm)  # a float32 weight's: a chunk-sized copy
         b = None if bias is None else bias[start:stop].to(gemm)  # rounded as the cast path's
-        logits = lm_head.float32_logits(hidden, w, b,
-                                        out=rows_view(buffers[slot], num, stop - start))
-        soft_cap(logits, softcap)
-        side.wait_event(main.record_event())
-        with torch.cuda.stream(side):
-            cols(logits, start, chunk)
-        free[slot] = side.record_event()
+        for block in _blocks(num, rows):
+            slot = step % 2
+            step += 1
+            event = free[slot]
+            if event is not None:
+                main.wait_event(event)
+            out = rows_view(buffers[slot], block.stop - block.start, stop - start)
+            logits = lm_head.float32_logits(hidden[block], w, b, out=out)
+            soft_cap(logits, softcap)
+            side.wait_event(main.record_event())
+            with torch.cuda.stream(side):
+                cols(block, logits, start, chunk)
+            free[slot] = side.record_event()
     with torch.cuda.stream(side):
-        cols(None, 0, 0)
+        cols(slice(0, num), None, 0, 0)
     main.wait_stream(side)
     return logp, entropy, lse
 
 
-def _chunk_width(num: int, vocab: int, bytes_per_column: int, buffers: int) -> int:
-    """Vocabulary columns per chunk so that `buffers` chunks of `bytes_per_column` bytes per
-    row and column fit the budget; a multiple of 128."""
-    width = chunk_bytes() // buffers // (max(num, 1) * bytes_per_column)
-    return max(128, min(vocab, (width // 128) * 128 or 128))
+def _blocks(num: int, rows: int) -> list[slice]:
+    """[0, num) in blocks of `rows` rows."""
+    return [slice(start, min(num, start + rows)) for start in range(0, num, rows)]
+
+
+def _chunk_width(vocab: int, columns: int) -> int:
+    """`columns` as a chunk width: a multiple of 128, at least 128, at most the vocabulary."""
+    return max(128, min(vocab, columns // 128 * 128))
 
 
 @functools.cache
@@ -324,14 +336,20 @@ def _shard_backward(
             grad_b.zero_()
         return grad_h, grad_w, grad_b
     gemm = lm_head.gemm_dtype(hidden.dtype, hidden.device)
-    # float32 logits, and their gradient in the GEMM input dtype: in place when that is float32,
-    # unless the soft cap's chain rule needs the capped logits after the gradient is written
+    # float32 logits a block of rows at a time, and their gradient in the GEMM input dtype for
+    # all rows; in place (whole chunks) when that is float32, unless the soft cap's chain rule
+    # needs the capped logits after the gradient is written
     separate = gemm != torch.float32 or softcap is not None
-    width = _chunk_width(num, vocab, 4 + (gemm.itemsize if separate else 0), 1)
-    buffer = f32_empty(num * padded(width), device=dev)
-    grad_buffer = (torch.empty(num * padded(width), dtype=gemm, device=dev)
-                   if separate else buffer)
-    rows = hidden.masked_fill(ignored, 0.0) if grad_w is not None else hidden
+    if separate:
+        rows = min(num, _BLOCK_ROWS)
+        width = _chunk_width(vocab, chunk_bytes() // (num * gemm.itemsize + rows * 4))
+        buffer = f32_empty(rows * padded(width), device=dev)
+        grad_buffer = torch.empty(num * padded(width), dtype=gemm, device=dev)
+    else:
+        rows = num
+        width = _chunk_width(vocab, chunk_bytes() // (num * 4))
+        buffer = grad_buffer = f32_empty(num * padded(width), device=dev)
+    operand = hidden.masked_fill(ignored, 0.0).to(gemm) if grad_w is not None else None
     tokens = tokens.to(torch.int64).contiguous()
     g_logp = grad_logp.to(torch.float32).contiguous()
     g_ent = None if grad_entropy is None else grad_entropy.to(torch.float32).contiguous()
@@ -341,27 +359,29 @@ def _shard_backward(
         stop = min(vocab, start + width)
         w = weight[start:stop].to(gemm)  # a float32 weight's: a chunk-sized copy
         b = None if bias is None else bias[start:stop].to(gemm)  # rounded as the cast path's
-        logits = lm_head.float32_logits(hidden, w, b, out=rows_view(buffer, num, stop - start))
-        soft_cap(logits, softcap)
         grad = rows_view(grad_buffer, num, stop - start)
-        launch_backward(
-            grad,
-            logits,
-            tokens,
-            g_logp,
-            g_ent,
-            lse,
-            entropy,
-            temperature,
-            ignore_index,
-            start,
-            vocab_total,
-        )
-        soft_cap(logits, softcap, grad)
+        for block in _blocks(num, rows):
+            out = rows_view(buffer, block.stop - block.start, stop - start)
+            logits = lm_head.float32_logits(hidden[block], w, b, out=out)
+            soft_cap(logits, softcap)
+            launch_backward(
+                grad[block],
+                logits,
+                tokens[block],
+                g_logp[block],
+                None if g_ent is None else g_ent[block],
+                lse[block],
+                None if entropy is None else entropy[block],
+                temperature[block] if isinstance(temperature, Tensor) else temperature,
+                ignore_index,
+                start,
+                vocab_total,
+            )
+            soft_cap(logits, softcap, grad[block])
         if grad_h is not None:
             accumulate_mm(grad_h, grad, w)
-        if grad_w is not None:
-            mm_into(grad_w[start:stop], grad.t(), rows.to(grad.dtype))
+        if grad_w is not None and operand is not None:
+            mm_into(grad_w[start:stop], grad.t(), operand)
         if grad_b is not None:
             grad_b[start:stop] = grad.sum(0, dtype=torch.float32)
     return grad_h, grad_w, grad_b

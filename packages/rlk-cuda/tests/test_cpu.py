@@ -188,7 +188,7 @@ def test_linear_group_on_cpu_tensors_fails_before_any_collective() -> None:
 def test_chunk_budget_must_be_positive(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLK_CUDA_CHUNK_MB", "0")
     with pytest.raises(ValueError, match="RLK_CUDA_CHUNK_MB must be > 0, got '0'"):
-        linear.chunk_bytes()
+        linear.chunk_bytes(linear.LOGP_CHUNK_MB)
 
 
 def test_policy_loss_settings_struct_takes_every_option_by_name() -> None:
@@ -367,7 +367,7 @@ def test_one_read_blocks_fit_the_chunk_budget(monkeypatch: pytest.MonkeyPatch,
     ops = CudaChunkOps(hidden, weight, None, None, None, one_read=True)
     assert (ops.chunk_rows(), ops._logits_rows()) == (block, logits_rows)
     width = linear.padded(vocab)
-    assert (block + logits_rows) * width * 4 <= linear.chunk_bytes()
+    assert (block + logits_rows) * width * 4 <= linear.chunk_bytes(linear.POLICY_LOSS_CHUNK_MB)
 
 
 def test_scale_rows_refuses_mismatched_shapes_before_any_launch() -> None:

@@ -163,3 +163,31 @@ def test_blocks_and_chunks_cover_every_row_and_column(
     for got, want in zip(grads[:2], want_grads, strict=True):
         assert got is not None
         assert (got.double() - want).abs().max() < tol * (1 + want.abs().max())
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_chunk_width_is_the_widest_that_fits_the_budget(monkeypatch: pytest.MonkeyPatch,
+                                                        seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    budget = int(torch.randint(1, 2**30, (), generator=gen))
+    vocab = int(torch.randint(1, 300_000, (), generator=gen))
+    column_bytes = int(torch.randint(1, 2**20, (), generator=gen))
+    monkeypatch.setenv("RLK_CUDA_CHUNK_MB", str(budget / 2**20))
+    width = linear._chunk_width(vocab, column_bytes)
+    assert width % 128 == 0 or width == vocab
+    assert width * column_bytes <= budget or width == 128
+    assert width == vocab or (width + 128) * column_bytes > budget
+
+
+def test_default_budget_holds_trl_head_tile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset, linear_logp's buffers fit TRL 1.16's own LM-head tile (4096 x 32768 bf16) at a
+    GRPO micro-batch of 16k rows and Qwen2.5's vocabulary, and its chunks stay wide; the
+    policy loss keeps its larger budget."""
+    monkeypatch.delenv("RLK_CUDA_CHUNK_MB", raising=False)
+    num, vocab, tile = 16384, 151936, 4096 * 32768 * 2
+    rows = min(num, linear._BLOCK_ROWS)
+    forward = linear._chunk_width(vocab, 2 * rows * 4)
+    backward = linear._chunk_width(vocab, rows * 4 + num * 2)  # bf16 gradient buffer
+    assert 2 * rows * forward * 4 <= tile and forward >= 16384
+    assert (rows * 4 + num * 2) * backward <= tile and backward >= 6144
+    assert linear.chunk_bytes(linear.POLICY_LOSS_CHUNK_MB) == 960 * 2**20

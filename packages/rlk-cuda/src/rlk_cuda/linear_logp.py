@@ -35,18 +35,21 @@ from . import _ext
 from ._launch import device_of, dtype_code, dtype_codes, f32_empty, ptr, stream
 from .logp import launch_backward
 
-_DEFAULT_CHUNK_MB = 960  # see chunk_bytes
+POLICY_LOSS_CHUNK_MB = 960  # linear_policy_loss's default budget (see chunk_bytes)
+LOGP_CHUNK_MB = 256  # linear_logp's: TRL 1.16's LM head tile (4096 x 32768 bf16), see chunk_bytes
 _BLOCK_ROWS = 2048  # rows of one float32 logits block (one GEMM, one reduction)
 _ROW_ALIGN = 8  # buffer rows start on 32-byte boundaries: the kernels' 16-byte vectors fit
 
 
-def chunk_bytes() -> int:
-    """Budget of the linear ops' logits buffers (RLK_CUDA_CHUNK_MB overrides the 960 MiB
-    default). Each block of rows costs one pass over the weight's gradient, so the default
-    is as large as the 1 GiB extra-memory target of linear_policy_loss allows: at V=151936
-    it holds 2048 rows (four blocks at N=8192: 47.9 ms a step against 49.5 with 768 MiB's
-    six, H200 bf16, 0.90 GiB beyond the gradients)."""
-    raw = os.environ.get("RLK_CUDA_CHUNK_MB", str(_DEFAULT_CHUNK_MB))
+def chunk_bytes(default_mb: float) -> int:
+    """Budget of a linear op's logits buffers: RLK_CUDA_CHUNK_MB, else the op's default.
+
+    linear_policy_loss: each block of rows costs one pass over the weight's gradient, so its
+    default is as large as its 1 GiB extra-memory target allows: at V=151936 it holds 2048
+    rows (four blocks at N=8192: 47.9 ms a step against 49.5 with 768 MiB's six, H200 bf16,
+    0.90 GiB beyond the gradients). linear_logp: blocks of _BLOCK_ROWS rows keep its chunks
+    wide at any N, so TRL's own footprint costs it little (docs/backends/cuda.md)."""
+    raw = os.environ.get("RLK_CUDA_CHUNK_MB", str(default_mb))
     value = float(raw)
     if value <= 0:
         raise ValueError(f"RLK_CUDA_CHUNK_MB must be > 0, got {raw!r}")
@@ -148,7 +151,7 @@ def _shard_forward(
     # Vocabulary chunks, each in blocks of rows. Two half-budget buffers: the reduction of one
     # block (memory-bound, side stream) runs under the GEMM of the next (caller's stream).
     rows = min(num, _BLOCK_ROWS)
-    width = _chunk_width(vocab, chunk_bytes() // 2 // (rows * 4))
+    width = _chunk_width(vocab, 2 * rows * 4)
     nchunks = (vocab + width - 1) // width
     buffers = [f32_empty(rows * padded(width), device=device) for _ in range(2)]
     partial = f32_empty(num * nchunks * 3, device=device).view(num, nchunks * 3)
@@ -221,8 +224,11 @@ def _blocks(num: int, rows: int) -> list[slice]:
     return [slice(start, min(num, start + rows)) for start in range(0, num, rows)]
 
 
-def _chunk_width(vocab: int, columns: int) -> int:
-    """`columns` as a chunk width: a multiple of 128, at least 128, at most the vocabulary."""
+def _chunk_width(vocab: int, column_bytes: int) -> int:
+    """Columns per vocabulary chunk when each column costs `column_bytes` across the buffers:
+    as many as linear_logp's budget holds, a multiple of 128, at least 128, at most the
+    vocabulary."""
+    columns = chunk_bytes(LOGP_CHUNK_MB) // column_bytes
     return max(128, min(vocab, columns // 128 * 128))
 
 
@@ -342,12 +348,12 @@ def _shard_backward(
     separate = gemm != torch.float32 or softcap is not None
     if separate:
         rows = min(num, _BLOCK_ROWS)
-        width = _chunk_width(vocab, chunk_bytes() // (num * gemm.itemsize + rows * 4))
+        width = _chunk_width(vocab, rows * 4 + num * gemm.itemsize)
         buffer = f32_empty(rows * padded(width), device=dev)
         grad_buffer = torch.empty(num * padded(width), dtype=gemm, device=dev)
     else:
         rows = num
-        width = _chunk_width(vocab, chunk_bytes() // (num * 4))
+        width = _chunk_width(vocab, num * 4)
         buffer = grad_buffer = f32_empty(num * padded(width), device=dev)
     operand = hidden.masked_fill(ignored, 0.0).to(gemm) if grad_w is not None else None
     tokens = tokens.to(torch.int64).contiguous()

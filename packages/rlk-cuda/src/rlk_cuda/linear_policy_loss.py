@@ -16,8 +16,9 @@ gradients, the logp backward kernel writing d loss / d logits in the GEMM input 
 the same two GEMMs. grad_weight accumulates in the weight's dtype through cuBLAS (float32
 arithmetic, one rounding per block), so a reduced weight gets no float32 copy of its shape:
 the extra memory is the two buffers, together within rlk_cuda.linear_logp.chunk_bytes()
-(RLK_CUDA_CHUNK_MB). A float32 weight beside a reduced hidden (the float32_weight property)
-takes this path, read through one reduced copy, and its gradient accumulates in float32.
+(RLK_CUDA_CHUNK_MB, else 960 MiB). A float32 weight beside a reduced hidden (the
+float32_weight property) takes this path, read through one reduced copy, and its gradient
+accumulates in float32.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from torch import Tensor
 from . import _ext
 from . import logp as logp_kernels
 from ._launch import device_of, dtype_code, f32_empty, ptr, rows_major, stream
-from .linear_logp import chunk_bytes, mm_into, padded, rows_view, soft_cap
+from .linear_logp import POLICY_LOSS_CHUNK_MB, chunk_bytes, mm_into, padded, rows_view, soft_cap
 
 _ROW_MULTIPLE = 128  # rows per chunk: whole GEMM tiles
 _LOGITS_ROWS = 512  # rows per float32 logits GEMM on the one-read path (256: 2% slower)
@@ -66,7 +67,7 @@ class CudaChunkOps(loop.ChunkOps):
         gradient rows in the GEMM input dtype (with one_read, a logits buffer of LOGITS_ROWS
         rows when the budget has room for a block of at least that many)."""
         width = padded(self.vocab)
-        budget, grad_bytes = chunk_bytes(), self.operand.element_size()
+        budget, grad_bytes = chunk_bytes(POLICY_LOSS_CHUNK_MB), self.operand.element_size()
         if self.one_read:
             rows = (budget - _LOGITS_ROWS * width * 4) // (width * grad_bytes)
             if rows >= _LOGITS_ROWS:

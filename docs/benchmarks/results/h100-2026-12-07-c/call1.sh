@@ -1,11 +1,6 @@
 set -uo pipefail
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/device.txt"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/rlk-old .whl/old/*.whl  # main's
-rm -rf /tmp/rlk-tree; cp -r /tmp/rlk-old /tmp/rlk-tree; cp packages/rlk-cuda/src/rlk_cuda/*.py /tmp/rlk-tree/rlk_cuda/
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/trl-site .whl/trl/*.whl
-export PYTHONUNBUFFERED=1 EXTRA=/tmp/trl-site:$PWD/tests/plugins/rlk-testbackend/src
-main() { PYTHONPATH=/tmp/rlk-old:$EXTRA "$@"; }
-tree() { PYTHONPATH=/tmp/rlk-tree:$EXTRA "$@"; }
+. docs/benchmarks/results/h100-2026-12-07-c/setup.sh
 {
 main timeout 120 python3 docs/benchmarks/results/h100-2026-12-07-c/headbench.py 960 256
 SKIP_TRL=1 tree timeout 100 python3 docs/benchmarks/results/h100-2026-12-07-c/headbench.py 960 256 128

@@ -244,3 +244,31 @@ def test_a_float32_weight_under_autocast_gets_its_gradient_unrounded(
         step = rounded.float().abs() * 2.0**-7 + 1e-30  # one bfloat16 step
         assert ((kept.bfloat16().float() - rounded.float()).abs() <= step).all()
         assert (kept.double() - want).norm() < 0.8 * (rounded.double() - want).norm()
+
+
+def test_a_float32_weight_is_copied_one_vocabulary_chunk_at_a_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under autocast the forward reads a float32 weight through reduced copies of one chunk
+    each, and a copy goes before the next is made: the peak holds one copy more than with a
+    bfloat16 weight of the same values (whose chunks are views), not two (issue #26: patched
+    TRL's memory at most TRL's)."""
+    import rlk
+
+    monkeypatch.setenv("RLK_CUDA_CHUNK_MB", "64")  # 4096-column chunks of 2048-row blocks
+    hidden, weight, tokens = _head(4096, 2048, 65536, torch.float32)
+    hidden = hidden.bfloat16()
+    copy_bytes = 4096 * 2048 * 2  # one chunk of the weight in bfloat16: 16 MiB
+
+    def peak(weight: torch.Tensor) -> int:
+        rlk.linear_logp(hidden, weight, tokens)  # warm: the same allocations as measured
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        with torch.no_grad():
+            rlk.linear_logp(hidden, weight, tokens)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+
+    with rlk.use_backends("cuda", strict=True), torch.autocast("cuda", dtype=torch.bfloat16):
+        views, copies = peak(weight.bfloat16()), peak(weight)
+    assert copies - views <= copy_bytes + 2**20, (views, copies)

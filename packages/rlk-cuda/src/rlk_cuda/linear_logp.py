@@ -11,8 +11,8 @@ them into their gradient in the GEMM input dtype, into a buffer of the chunk's w
 grad_hidden accumulates in float32 across chunks, and grad_weight[chunk] comes from one GEMM over
 all rows (float32 accumulation inside cuBLAS), written in the weight's dtype: a reduced weight
 gets no float32 copy, a float32 weight beside a reduced hidden (the float32_weight property) is
-read a chunk at a time through reduced copies (no reduced copy of the whole weight) and gets
-its gradient in float32 unrounded.
+read a chunk at a time through reduced copies, one alive at a time (no reduced copy of the whole
+weight), and gets its gradient in float32 unrounded.
 Soft-capping (rlk.backend.lm_head's contract) adds one in-place pass over each chunk, and one more
 for its chain rule in the backward.
 
@@ -213,6 +213,7 @@ def _shard_forward(
             with torch.cuda.stream(side):
                 cols(block, logits, start, chunk)
             free[slot] = side.record_event()
+        del w, b  # a float32 weight's chunk copy goes before the next one is made
     with torch.cuda.stream(side):
         cols(slice(0, num), None, 0, 0)
     main.wait_stream(side)
@@ -390,4 +391,5 @@ def _shard_backward(
             mm_into(grad_w[start:stop], grad.t(), operand)
         if grad_b is not None:
             grad_b[start:stop] = grad.sum(0, dtype=torch.float32)
+        del w, b  # as in the forward: one chunk copy of a float32 weight at a time
     return grad_h, grad_w, grad_b

@@ -254,7 +254,10 @@ def test_a_float32_weight_is_copied_one_vocabulary_chunk_at_a_time(
     TRL's memory at most TRL's)."""
     import rlk
 
-    monkeypatch.setenv("RLK_CUDA_CHUNK_MB", "64")  # 4096-column chunks of 2048-row blocks
+    # 4096-column chunks of 2048-row blocks, pinned: a larger default block would narrow the
+    # chunks until two copies fit the bound below
+    monkeypatch.setenv("RLK_CUDA_CHUNK_MB", "64")
+    monkeypatch.setattr(linear, "_BLOCK_ROWS", 2048)
     hidden, weight, tokens = _head(4096, 2048, 65536, torch.float32)
     hidden = hidden.bfloat16()
     copy_bytes = 4096 * 2048 * 2  # one chunk of the weight in bfloat16: 16 MiB

@@ -1,7 +1,7 @@
 # Call E (after 4329051): the tree's rlk_cuda/*.py over main's wheel (/tmp/rlk-tree: a float32
 # weight's chunk copies one at a time); its linear and capture GPU tests; end to end at 256 MiB.
-# On an H200 the script would first have run the parity test and the unaligned-row timings; an
-# H100 came, so it ran the branch below.
+# The script as run also held an H200-only branch (the parity test, the unaligned-row timings);
+# an H100 came, so only the steps below ran.
 . docs/benchmarks/results/h100-2026-12-07-d/setup.sh
 rm -rf /tmp/rlk-tree; cp -r /tmp/rlk-old /tmp/rlk-tree; cp packages/rlk-cuda/src/rlk_cuda/*.py /tmp/rlk-tree/rlk_cuda/
 tree() { PYTHONPATH=/tmp/rlk-tree:$EXTRA "$@"; }

@@ -27,6 +27,11 @@ TEST_BACKEND = "tests/plugins/rlk-testbackend"
 FAILING_TEST_PLUGINS = "broken,oldapi,badhook,lazyfail"
 STRICT_ENV = {"RLK_STRICT_PLUGINS": "1", "RLK_DISABLE_PLUGINS": FAILING_TEST_PLUGINS}
 FUZZ_EXAMPLES = "250"  # per test in the tests session's random fuzz pass
+# pytest-xdist, one worker per core, each with one torch thread: the suites are many small
+# single-threaded tests (Triton's interpreter, tiny tensors), so processes, not threads, use
+# the cores. Work stealing keeps the few minute-long tests from ending on one worker.
+PARALLEL = ("-n", "auto", "--dist", "worksteal")
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
 def _install_core(session: nox.Session, extras: str = "") -> None:
@@ -51,14 +56,15 @@ def tests(session: nox.Session) -> None:
     session.install("triton==3.6.0")  # rlk-flashinfer's kernels, run by Triton's interpreter
     # One pytest process per package: each package's test helpers stay its own.
     for suite in ("packages/rlk-core/tests", "tests", *[f"{p}/tests" for p in PURE_PLUGINS]):
-        session.run("python", "-m", "pytest", suite, *session.posargs, env=STRICT_ENV)
+        session.run("python", "-m", "pytest", suite, *PARALLEL, *session.posargs,
+                    env={**STRICT_ENV, **ONE_THREAD})
     # The fuzz suite ran above as its replay (derandomized); now a random pass with a fresh
     # seed, which it prints (docs/testing.md: reproducing a seed). About a minute on 2 cores.
     session.run("python", "-m", "pytest", f"{CORE}/tests/fuzz", "-q", *session.posargs,
-                env={**STRICT_ENV, "RLK_FUZZ_SEED": "random", "RLK_FUZZ_EXAMPLES": FUZZ_EXAMPLES,
-                     "OMP_NUM_THREADS": "1"})
+                env={**STRICT_ENV, **ONE_THREAD, "RLK_FUZZ_SEED": "random",
+                     "RLK_FUZZ_EXAMPLES": FUZZ_EXAMPLES})
     session.run("python", "-m", "pytest", "--pyargs", "rlk.testing", "--rlk-backend", "native",
-                "-q", env=STRICT_ENV)
+                "-q", *PARALLEL, env={**STRICT_ENV, **ONE_THREAD})
 
 
 @nox.session

@@ -59,7 +59,8 @@ def tests(session: nox.Session) -> None:
         session.run("python", "-m", "pytest", suite, *PARALLEL, *session.posargs,
                     env={**STRICT_ENV, **ONE_THREAD})
     # The fuzz suite ran above as its replay (derandomized); now a random pass with a fresh
-    # seed, which it prints (docs/testing.md: reproducing a seed). About a minute on 2 cores.
+    # seed, which it prints (docs/testing.md: reproducing a seed). One process, so that seed is
+    # the one every test drew from; about 2.5 minutes on 2 cores.
     session.run("python", "-m", "pytest", f"{CORE}/tests/fuzz", "-q", *session.posargs,
                 env={**STRICT_ENV, **ONE_THREAD, "RLK_FUZZ_SEED": "random",
                      "RLK_FUZZ_EXAMPLES": FUZZ_EXAMPLES})

@@ -2,7 +2,8 @@
 // what a bench row's time holds beyond the kernels (issue #29's V = 32768 question). Built on
 // the CPU machine against a tree's csrc and carried to the GPU machine:
 //   nvcc -std=c++17 -O3 -ftz=true --extended-lambda -arch=sm_90a -Ipackages/rlk-cuda/csrc \
-//     benchmarks/cuda/logp_kernels_alone.cu packages/rlk-cuda/csrc/logp.cu -o logp_kernels_alone
+//     benchmarks/cuda/logp_kernels_alone.cu packages/rlk-cuda/csrc/logp.cu \
+//     packages/rlk-cuda/csrc/logp_backward.cu -o logp_kernels_alone
 //   ./logp_kernels_alone TAG DTYPE(0 f32, 1 bf16, 2 f16) N V [ROW_STRIDE]
 // Logits ~ std 2.4 from a hash of the index; tokens spread over the row; upstream 1 (0.5 on
 // the entropy). Each line: forward, backward and a device copy of the logits, 20 calls each.

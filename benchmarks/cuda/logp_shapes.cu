@@ -1,5 +1,5 @@
-// rlk-cuda's own logp kernels (csrc/logp.cu, included whole) under launch shapes other than the
-// ones logp.cu picks, beside a device-to-device copy: which shape reads a row of V logits
+// rlk-cuda's own logp kernels (csrc/logp.cu and logp_backward.cu, included whole) under launch
+// shapes other than the ones they pick, beside a device-to-device copy: which shape reads a row of V logits
 // fastest, per dtype. Percentages are of the copy's bandwidth (read + write bytes), as the
 // benchmark's roofline counts them. N = 8192 rows, random logits, one token per row.
 //   nvcc -O3 -std=c++17 -ftz=true --extended-lambda -arch=sm_90a -I packages/rlk-cuda/csrc \
@@ -9,9 +9,10 @@
 #include <vector>
 
 #include "logp.cu"
+#include "logp_backward.cu"
 
 namespace rlk {
-namespace shapes {  // named: logp.cu's kernels live in rlk's anonymous namespace
+namespace shapes {  // named: the kernels live in rlk's anonymous namespace
 
 constexpr int64_t kRows = 8192;
 

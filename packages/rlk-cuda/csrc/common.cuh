@@ -1,4 +1,5 @@
-// Element conversions, 16-byte vector (un)packing and block reductions shared by the kernels.
+// Element conversions, 16-byte vector (un)packing and block reductions shared by the kernels,
+// and the launch-error check their host code shares.
 #pragma once
 
 #include <cmath>
@@ -172,6 +173,12 @@ __device__ __forceinline__ T block_sum(T v, T* scratch) {
 template <int THREADS>
 __device__ __forceinline__ int block_min_int(int v, int* scratch) {
   return block_reduce<THREADS>(v, scratch, MinOp{});
+}
+
+// The error of the last launch on this thread as a message, or nullptr.
+inline const char* last_error() {
+  const rlkError_t e = rlkGetLastError();
+  return e == rlkSuccess ? nullptr : rlkGetErrorString(e);
 }
 
 }  // namespace rlk

@@ -20,7 +20,7 @@ import pytest
 from cuda_tools import tool
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
-SOURCES = ("logp.cu", "linear_logp.cu", "logp_tma.cu", "sample.cu")
+SOURCES = ("logp.cu", "logp_backward.cu", "linear_logp.cu", "logp_tma.cu", "sample.cu")
 FLAGS = ("-arch=sm_90a", "-O3", "-ftz=true", "--extended-lambda", "-DRLK_CUDA_TMA=1", "-cubin")
 
 

@@ -169,17 +169,15 @@ const char* group_advantages(const GroupAdvArgs& a, void* stream) {
                                : a.num_groups;
   if (blocks > 0x7fffffffLL) return "group_advantages: too many groups";
   const rlkStream_t s = static_cast<rlkStream_t>(stream);
-  rlkError_t e = rlkSuccess;
   if (a.normalize == kNormalizeBatchStd) {
     batch_std_kernel<<<1, kBatchThreads, 0, s>>>(a);
-    if ((e = rlkGetLastError()) != rlkSuccess) return rlkGetErrorString(e);
+    if (const char* err = last_error()) return err;
   }
   if (small)
     group_advantages_kernel<kLanes><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(a);
   else
     group_advantages_kernel<kThreads><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(a);
-  e = rlkGetLastError();
-  return e == rlkSuccess ? nullptr : rlkGetErrorString(e);
+  return last_error();
 }
 
 }  // namespace rlk

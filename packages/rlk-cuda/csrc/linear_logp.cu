@@ -95,11 +95,6 @@ void launch_partial(const LogpColsArgs& a, rlkStream_t s) {
   }
 }
 
-const char* status() {
-  const rlkError_t e = rlkGetLastError();
-  return e == rlkSuccess ? nullptr : rlkGetErrorString(e);
-}
-
 }  // namespace
 
 const char* soft_cap(const SoftCapArgs& a, void* stream) {
@@ -109,7 +104,7 @@ const char* soft_cap(const SoftCapArgs& a, void* stream) {
   const rlkStream_t s = static_cast<rlkStream_t>(stream);
   if (a.grad == nullptr) {
     launch_soft_cap<float, false>(a, s);
-    return status();
+    return last_error();
   }
   switch (a.grad_dtype) {
     case kF32: launch_soft_cap<float, true>(a, s); break;
@@ -117,7 +112,7 @@ const char* soft_cap(const SoftCapArgs& a, void* stream) {
     case kF16: launch_soft_cap<f16_t, true>(a, s); break;
     default: return "soft_cap: unsupported gradient dtype code";
   }
-  return status();
+  return last_error();
 }
 
 const char* logp_cols_partial(const LogpColsArgs& a, void* stream) {
@@ -131,7 +126,7 @@ const char* logp_cols_partial(const LogpColsArgs& a, void* stream) {
     case kF16: launch_partial<f16_t>(a, s); break;
     default: return "logp_cols_partial: unsupported dtype code";
   }
-  return status();
+  return last_error();
 }
 
 const char* logp_cols_merge(const LogpColsArgs& a, void* stream) {
@@ -140,7 +135,7 @@ const char* logp_cols_merge(const LogpColsArgs& a, void* stream) {
   const unsigned blocks = static_cast<unsigned>((a.N + 127) / 128);
   if (a.entropy) cols_merge_kernel<true><<<blocks, 128, 0, s>>>(a);
   else cols_merge_kernel<false><<<blocks, 128, 0, s>>>(a);
-  return status();
+  return last_error();
 }
 
 }  // namespace rlk

@@ -208,8 +208,7 @@ const char* relative_probs(const RelProbArgs& a, void* stream) {
     case kBF16: launch<bf16_t>(a, s); break;
     default: return "relative_probs: the output dtype must be float32 or bfloat16";
   }
-  const rlkError_t e = rlkGetLastError();
-  return e == rlkSuccess ? nullptr : rlkGetErrorString(e);
+  return last_error();
 }
 
 }  // namespace rlk

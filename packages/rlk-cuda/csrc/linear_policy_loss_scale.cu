@@ -147,8 +147,7 @@ const char* scale_by_device_factor(const ScaleArgs& a, void* stream) {
     case kF16: launch<f16_t>(a, s); break;
     default: return "scale_by_device_factor: dtype must be float32, bfloat16 or float16";
   }
-  const rlkError_t e = rlkGetLastError();
-  return e == rlkSuccess ? nullptr : rlkGetErrorString(e);
+  return last_error();
 }
 
 const char* scale_rows(const ScaleRowsArgs& a, void* stream) {
@@ -163,8 +162,7 @@ const char* scale_rows(const ScaleRowsArgs& a, void* stream) {
     default: break;
   }
   if (!known) return "scale_rows: dtypes must be float32, bfloat16 or float16";
-  const rlkError_t e = rlkGetLastError();
-  return e == rlkSuccess ? nullptr : rlkGetErrorString(e);
+  return last_error();
 }
 
 }  // namespace rlk

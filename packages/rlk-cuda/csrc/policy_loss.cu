@@ -446,11 +446,6 @@ __global__ void __launch_bounds__(kThreads) grad_kernel(PolicyLossArgs a) {
   if (a.loss != nullptr && blockIdx.x == 0) loss_and_metrics(a);
 }
 
-const char* launched() {
-  const rlkError_t e = rlkGetLastError();
-  return e == rlkSuccess ? nullptr : rlkGetErrorString(e);
-}
-
 unsigned grad_blocks(int64_t B) {
   return B < kMaxGradBlocks ? static_cast<unsigned>(B) : kMaxGradBlocks;
 }
@@ -465,13 +460,13 @@ const char* policy_loss_forward(const PolicyLossArgs& a, void* stream) {
       forward_rows_kernel<true><<<static_cast<unsigned>(a.B), kThreads, 0, s>>>(a);
     else
       forward_rows_kernel<false><<<static_cast<unsigned>(a.B), kThreads, 0, s>>>(a);
-    if (const char* e = launched()) return e;
+    if (const char* e = last_error()) return e;
   }
   if (a.grad != nullptr && a.B > 0)
     grad_kernel<<<grad_blocks(a.B), kThreads, 0, s>>>(a);
   else
     forward_final_kernel<<<1, kThreads, 0, s>>>(a);
-  return launched();
+  return last_error();
 }
 
 const char* policy_loss_backward(const PolicyLossArgs& a, void* stream) {
@@ -479,9 +474,9 @@ const char* policy_loss_backward(const PolicyLossArgs& a, void* stream) {
   if (a.B > 0x7fffffffLL) return "policy_loss: too many sequences";
   const rlkStream_t s = static_cast<rlkStream_t>(stream);
   backward_rows_kernel<<<static_cast<unsigned>(a.B), kThreads, 0, s>>>(a);
-  if (const char* e = launched()) return e;
+  if (const char* e = last_error()) return e;
   grad_kernel<<<grad_blocks(a.B), kThreads, 0, s>>>(a);
-  return launched();
+  return last_error();
 }
 
 }  // namespace rlk

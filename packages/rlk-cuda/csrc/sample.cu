@@ -585,8 +585,7 @@ const char* sample(const SampleArgs& a, void* stream) {
     case kF16: sample_kernel<f16_t><<<a.B, kThreads, 0, s>>>(a); break;
     default: return "sample: unsupported dtype code";
   }
-  const rlkError_t e = rlkGetLastError();
-  return e == rlkSuccess ? nullptr : rlkGetErrorString(e);
+  return last_error();
 }
 
 }  // namespace rlk

@@ -1,7 +1,8 @@
 // rlk-cuda's own logp kernels (csrc/logp.cu and logp_backward.cu, included whole) under launch
 // shapes other than the ones they pick, beside a device-to-device copy: which shape reads a
-// row of V logits fastest, per dtype. Percentages are of the copy's bandwidth (read + write bytes), as the
-// benchmark's roofline counts them. N = 8192 rows, random logits, one token per row.
+// row of V logits fastest, per dtype. Percentages are of the copy's bandwidth (read + write
+// bytes), as the benchmark's roofline counts them. N = 8192 rows, random logits, one token per
+// row.
 //   nvcc -O3 -std=c++17 -ftz=true --extended-lambda -arch=sm_90a -I packages/rlk-cuda/csrc \
 //     -o /tmp/logp_shapes benchmarks/cuda/logp_shapes.cu && /tmp/logp_shapes
 #include <cstdio>

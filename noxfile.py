@@ -134,7 +134,7 @@ def integrations(session: nox.Session) -> None:
     session.install(*VERL_IMPORTS)
     # one torch thread: these models are tiny, and on a shared 2-core machine more threads
     # slow them tenfold
-    env = {**STRICT_ENV, "RLK_INTEGRATIONS": "1", "OMP_NUM_THREADS": "1"}
+    env = {**STRICT_ENV, **ONE_THREAD, "RLK_INTEGRATIONS": "1"}
     session.run("python", "-m", "pytest", "tests/integrations", "-q", *session.posargs, env=env)
     # verl's own tests of what rlk replaces, from verl's sdist, with patch()
     session.run("python", "tests/integrations/upstream_suite.py", "verl", env=env)

@@ -2,7 +2,8 @@
 // shapes other than the ones they pick, beside a device-to-device copy: which shape reads a
 // row of V logits fastest, per dtype. Percentages are of the copy's bandwidth (read + write
 // bytes), as the benchmark's roofline counts them. N = 8192 rows, random logits, one token per
-// row.
+// row. Every V here is a multiple of 16, so the kernels built for aligned rows are the ones timed
+// (ANY = false); logp_kernels_alone.cu times unaligned rows.
 //   nvcc -O3 -std=c++17 -ftz=true --extended-lambda -arch=sm_90a -I packages/rlk-cuda/csrc \
 //     -o /tmp/logp_shapes benchmarks/cuda/logp_shapes.cu && /tmp/logp_shapes
 #include <cstdio>
@@ -122,7 +123,8 @@ struct Line {
 template <typename T, int THREADS, int U>
 void fwd_whole(Line& line, const char* label, const Bufs& b, int dtype, int64_t V, float copy) {
   const LogpFwdArgs a = fwd_args(b, dtype, V, 1);
-  const float ms = time_ms([&] { logp_fwd_kernel<T, THREADS, false, U><<<kRows, THREADS>>>(a); });
+  const float ms =
+      time_ms([&] { logp_fwd_kernel<T, THREADS, false, false, U><<<kRows, THREADS>>>(a); });
   line.add(label, ms, static_cast<double>(kRows) * V * sizeof(T), copy);
 }
 
@@ -131,7 +133,7 @@ void fwd_split(Line& line, const char* label, const Bufs& b, int dtype, int64_t 
                float copy) {
   LogpFwdArgs a = fwd_args(b, dtype, V, nseg);
   const float ms = time_ms([&] {
-    logp_fwd_partial_kernel<T, 256, ENT><<<dim3(kRows, nseg), 256>>>(a);
+    logp_fwd_partial_kernel<T, ENT, false><<<dim3(kRows, nseg), kSplitThreads>>>(a);
     logp_fwd_merge_kernel<T, ENT><<<(kRows + 127) / 128, 128>>>(a);
   });
   line.add(label, ms, static_cast<double>(kRows) * V * sizeof(T), copy);
@@ -142,7 +144,7 @@ void bwd(Line& line, const char* label, const Bufs& b, int dtype, int64_t V, int
          float copy) {
   const LogpBwdArgs a = bwd_args(b, dtype, V);
   const float ms = time_ms([&] {
-    logp_bwd_kernel<T, T, THREADS, false><<<dim3(kRows, nseg), THREADS>>>(a);
+    logp_bwd_kernel<T, T, THREADS, false, false><<<dim3(kRows, nseg), THREADS>>>(a);
   });
   line.add(label, ms, 2.0 * kRows * V * sizeof(T), copy);
 }

@@ -1,7 +1,7 @@
-# Call I (not run: no device time was left): issue #29's baseline on the card at hand. The logp-
-# unaligned bench with rlk-cuda as it was before the unaligned-row work (6205ecf, a3a64f3's parent)
-# and as it is (f049489), both under the head's rlk-core (the old backend declares plugin API 1.1,
-# which the head serves), one after the other on the same machine.
+# Call I (not run: no device time was left): issue #29's baseline on the card at hand. The
+# logp-unaligned bench with rlk-cuda as it was before the unaligned-row work (6205ecf, a3a64f3's
+# parent) and as it is (f049489), both under the head's rlk-core (the old backend declares plugin
+# API 1.1, which the head serves), one after the other on the same machine.
 set -uo pipefail
 put() { [ -d "$1" ] || python3 -m pip install -q --no-index --no-deps --no-compile --target "$@"; }
 put /tmp/rlk-head .whl/head/*.whl

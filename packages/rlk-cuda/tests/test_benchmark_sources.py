@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
-CSRC = ROOT / "packages" / "rlk-cuda" / "csrc"
-PROGRAMS = sorted((ROOT / "benchmarks" / "cuda").glob("*.cu"))
+CSRC = Path(__file__).resolve().parents[1] / "csrc"  # as test_sass.py finds it
+PROGRAMS = sorted((Path(__file__).resolve().parents[3] / "benchmarks" / "cuda").glob("*.cu"))
 NVCC = shutil.which("nvcc")
 FLAGS = ("--ptx", "-std=c++17", "--extended-lambda", "-arch=compute_90a", "-Xcicc", "-O0")
 
